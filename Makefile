@@ -1,0 +1,29 @@
+# `make repro`: set up .venv and run the whole pipeline. `make test`: the test suite.
+VENV ?= .venv
+BIN := $(VENV)/bin
+RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
+
+.PHONY: setup repro test clean
+
+setup: $(VENV)/.installed
+
+# torch is pinned in requirements.txt and installed in the same resolve, so no other torch build is pulled in.
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
+	touch $@
+
+repro: setup
+	$(RUN) dvc repro
+	@echo
+	@echo "Merged model:      models/merged (adapter: models/adapter)"
+	@echo "Registered model:  models/registered.json  (mlflow ui --backend-store-uri sqlite:///mlflow.db)"
+	@echo "Metrics:           metrics/train.json metrics/merge.json metrics/eval.json"
+	@echo "Plots and reports: plots/ reports/report.png reports/demo.txt"
+	@$(RUN) dvc metrics show
+
+test: setup
+	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV)

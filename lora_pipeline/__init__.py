@@ -1,0 +1,1 @@
+"""Shared code of the LoRA fine-tuning pipeline: params schema, data, models, metrics."""

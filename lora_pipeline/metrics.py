@@ -1,0 +1,132 @@
+"""Evaluation measures: held-out loss, language identification, answer extraction, and MGSM loading."""
+from __future__ import annotations
+
+import csv
+import math
+import re
+from pathlib import Path
+
+import torch
+
+# ISO 639-1 code -> the name used in "reasoning language: <Name>" (Multilingual-Thinking's form).
+LANGUAGE_NAMES = {"en": "English", "de": "German", "es": "Spanish", "fr": "French", "it": "Italian",
+                  "ru": "Russian", "zh": "Chinese", "ja": "Japanese", "th": "Thai", "sw": "Swahili",
+                  "bn": "Bengali", "te": "Telugu", "pt": "Portuguese", "nl": "Dutch"}
+
+_identifier = None
+
+
+def detect_language(text: str) -> str | None:
+    """ISO code of the text's language among the ~97 that py3langid knows (its model ships in the package)."""
+    global _identifier
+    if not text or not text.strip():
+        return None
+    if _identifier is None:
+        from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+        _identifier = LanguageIdentifier.from_pickled_model(MODEL_FILE, norm_probs=True)
+    return _identifier.classify(text)[0]
+
+
+_NUMBER = re.compile(r"-?\d+(?:[.,\u00a0\u202f ]\d{3})*(?:[.,]\d+)?")
+
+
+def last_number(text: str) -> float | None:
+    """The last number in a text, reading thousands separators of any locale (70.000, 70,000, 70 000)."""
+    matches = _NUMBER.findall(text or "")
+    if not matches:
+        return None
+    token = matches[-1]
+    # A separator followed by exactly three digits groups thousands; any other is the decimal mark.
+    token = re.sub(r"[.,\u00a0\u202f ](?=\d{3}(?:\D|$))", "", token).replace(",", ".")
+    try:
+        return float(token)
+    except ValueError:
+        return None
+
+
+def answer_correct(final: str, answer) -> bool:
+    number = last_number(final)
+    return number is not None and math.isclose(number, float(answer), rel_tol=0, abs_tol=1e-6)
+
+
+def mgsm_files(path: str | Path, languages: list[str]) -> dict[str, Path]:
+    """mgsm_<lang>.tsv per language; raises naming the first missing file."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"eval.mgsm.path: {folder} is not a folder")
+    files = {lang: folder / f"mgsm_{lang}.tsv" for lang in languages}
+    for lang, file in files.items():
+        if not file.is_file():
+            raise FileNotFoundError(f"eval.mgsm.languages has '{lang}' but {file} does not exist")
+    return files
+
+
+def read_mgsm(path: str, lang: str, limit: int) -> list[dict]:
+    """MGSM rows {question, answer}: from a folder of TSV files, or from the Hub (juletxara/mgsm) if path is 'hub'."""
+    if path == "hub":
+        import datasets
+
+        rows = datasets.load_dataset("juletxara/mgsm", lang, split="test").to_list()[:limit]
+        return [{"question": r["question"], "answer": float(r["answer_number"])} for r in rows]
+    file = mgsm_files(path, [lang])[lang]
+    with open(file, encoding="utf-8", newline="") as f:
+        rows = [r for r in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if r]
+    for i, row in enumerate(rows[:limit]):
+        if len(row) != 2:
+            raise ValueError(f"{file} line {i + 1}: expected 'question<TAB>number', got {len(row)} fields")
+    return [{"question": q, "answer": float(a.replace(",", ""))} for q, a in rows[:limit]]
+
+
+def assistant_mask(tokenizer, messages: list[dict], max_length: int) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation and a 0/1 mask of its assistant tokens (all ones if the template has no
+    {% generation %} markers, as the real models' templates often do not)."""
+    encoded = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+    ids = list(encoded["input_ids"])[:max_length]
+    mask = list(encoded.get("assistant_masks") or [])[:max_length]
+    if not any(mask):
+        mask = [1] * len(ids)
+    return ids, mask
+
+
+@torch.no_grad()
+def heldout_loss(model, tokenizer, conversations: list[list[dict]], max_length: int, batch_size: int) -> dict:
+    """Mean next-token loss over the assistant tokens of held-out conversations, and its perplexity."""
+    total, count = 0.0, 0
+    encoded = [assistant_mask(tokenizer, c, max_length) for c in conversations]
+    for start in range(0, len(encoded), batch_size):
+        chunk = encoded[start:start + batch_size]
+        width = max(len(ids) for ids, _ in chunk)
+        pad = tokenizer.pad_token_id
+        ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in chunk], device=model.device)
+        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in chunk], device=model.device)
+        labels_mask = torch.tensor([m + [0] * (width - len(m)) for _, m in chunk], device=model.device)
+        logits = model(input_ids=ids, attention_mask=attention).logits.float()
+        losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        keep = labels_mask[:, 1:].bool() & attention[:, 1:].bool()
+        total += losses[keep].sum().item()
+        count += keep.sum().item()
+    loss = total / max(count, 1)
+    return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": count}
+
+
+@torch.no_grad()
+def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int,
+             do_sample: bool = False) -> list[str]:
+    """Batched generation (left padding) of the assistant turn; returns the new text, special tokens kept."""
+    tokenizer.padding_side = "left"
+    prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+    outputs = [""] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        batch = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
+                          add_special_tokens=False).to(model.device)
+        out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                             pad_token_id=tokenizer.pad_token_id)
+        for i, row in zip(idx, out[:, batch["input_ids"].shape[1]:]):
+            text = tokenizer.decode(row, skip_special_tokens=False)
+            outputs[i] = text.replace(tokenizer.pad_token, "") if tokenizer.pad_token else text
+    tokenizer.padding_side = "right"
+    return outputs

@@ -1,0 +1,79 @@
+"""Loading base and fine-tuned models the same way in every stage, LoRA config, and Liger kernels."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_tokenizer(path: str | Path, padding_side: str = "right"):
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def load_model(path: str | Path, model_params, quantized: bool | None = None, **kwargs):
+    """The base (or merged) model as every stage loads it: dtype, attention, and MXFP4 dequantization.
+
+    `quantized` defaults to model.mxfp4_dequantize; a merged model is saved dequantized and passes False.
+    trust_remote_code stays off: only architectures that transformers ships are loaded.
+    """
+    load_kwargs = dict(dtype=DTYPES[model_params.dtype], attn_implementation=model_params.attn_implementation)
+    if model_params.mxfp4_dequantize if quantized is None else quantized:
+        from transformers import Mxfp4Config
+
+        load_kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+    load_kwargs.update(kwargs)
+    return AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
+
+
+def lora_config(lora_params):
+    """peft.LoraConfig from the `lora` params section (field names are peft's own)."""
+    from peft import LoraConfig
+
+    fields = lora_params.to_dict()
+    if not fields["target_parameters"]:
+        fields.pop("target_parameters")
+    return LoraConfig(task_type="CAUSAL_LM", **fields)
+
+
+def apply_liger(model, wanted: bool) -> dict:
+    """Patch the model with Liger kernels where possible; return the decision, to be logged and recorded.
+
+    Liger's Triton kernels need a GPU: on a CPU the request is declined, loudly, rather than ignored.
+    """
+    if not wanted:
+        return {"applied": False, "reason": "train.liger is false", "kernels": []}
+    if not torch.cuda.is_available():
+        decision = {"applied": False, "reason": "Liger kernels need a CUDA GPU; none is present", "kernels": []}
+        log.warning("Liger requested but not applied: %s", decision["reason"])
+        return decision
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    except ImportError as exc:
+        raise RuntimeError("train.liger is true but liger-kernel is not installed "
+                           "(pip install -r requirements-gpu.txt)") from exc
+    def forwards():
+        return {name: getattr(m.forward, "__func__", m.forward) for name, m in model.named_modules()}
+
+    before = forwards()
+    _apply_liger_kernel_to_instance(model=model)
+    patched = sorted({f"{type(model.get_submodule(name)).__name__}.forward -> {fn.__module__}.{fn.__qualname__}"
+                      for name, fn in forwards().items() if fn is not before[name]})
+    decision = {"applied": bool(patched), "reason": f"model_type {model.config.model_type}", "kernels": patched}
+    if not patched:
+        decision["reason"] = f"Liger has no kernels for model_type {model.config.model_type}"
+    log.warning("Liger decision: %s", decision)
+    return decision

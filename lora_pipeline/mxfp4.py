@@ -1,0 +1,310 @@
+"""MXFP4 (OCP MX e2m1) encode/decode and gpt-oss MXFP4 checkpoints in pure torch, as transformers reads them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+__all__ = [
+    "FP4_VALUES",
+    "MXFP4_BLOCK",
+    "GPT_OSS_MODULES_TO_NOT_CONVERT",
+    "quantize_mxfp4",
+    "dequantize_mxfp4",
+    "save_mxfp4_checkpoint",
+    "build_tiny_gpt_oss",
+    "load_mxfp4_dequantized",
+]
+
+# e2m1 code -> value; code bit 3 is the sign. Same table (and order) as transformers.integrations.mxfp4.FP4_VALUES.
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+# Values per shared scale (one uint8 E8M0 exponent, bias 127), along the last (input) dim; 2 values per byte.
+MXFP4_BLOCK = 32
+_E8M0_BIAS = 127
+# Midpoints between consecutive positive e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6.
+_FP4_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+# quantization_config.modules_to_not_convert of the real openai/gpt-oss checkpoints.
+GPT_OSS_MODULES_TO_NOT_CONVERT = [
+    "model.layers.*.self_attn",
+    "model.layers.*.mlp.router",
+    "model.embed_tokens",
+    "lm_head",
+]
+# The expert params stored as MXFP4. In memory (GptOssExperts) they are [E, in, out]: gate_up_proj [E, H, 2I],
+# down_proj [E, I, H]; on disk the blocks are [E, out, in/32, 16], i.e. transposed, as in the openai checkpoints
+# (transformers' convert_moe_packed_tensors undoes this with `.transpose(1, 2)`).
+_EXPERT_PARAMS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+_ROWS_PER_CHUNK = 1 << 20  # groups of 32 handled at once: bounds the temporaries to a few hundred MiB
+
+
+def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [..., K] float (K % 32 == 0) -> (blocks uint8 [..., K/32, 16], scales uint8 [..., K/32]).
+
+    The OCP MX FP4 (e2m1) layout that transformers' gpt-oss loader reads.
+
+    Each group of 32 consecutive values along the last dim shares the scale 2**e, e = scales - 127, with e the
+    smallest exponent such that max|w| <= 6 * 2**e (ROUND_UP, the default of triton_kernels'
+    downcast_to_mxfp_torch, which transformers' Mxfp4Quantize calls), so nothing is clipped. w / 2**e is rounded to
+    the nearest e2m1 value (ties to even code); byte j of a group holds value 2j in its low nibble and value 2j+1 in
+    its high nibble.
+    """
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        got = getattr(weight, "dtype", type(weight))
+        raise TypeError(f"weight must be a floating point tensor, got {got}")
+    if weight.ndim == 0 or weight.shape[-1] % MXFP4_BLOCK != 0:
+        raise ValueError(f"weight's last dim must be a multiple of {MXFP4_BLOCK}, got shape {tuple(weight.shape)}")
+    *prefix, k = weight.shape
+    groups = k // MXFP4_BLOCK
+    flat = weight.detach().reshape(-1, MXFP4_BLOCK)
+    blocks = torch.empty(flat.shape[0], MXFP4_BLOCK // 2, dtype=torch.uint8, device=weight.device)
+    scales = torch.empty(flat.shape[0], dtype=torch.uint8, device=weight.device)
+    midpoints = torch.tensor(_FP4_MIDPOINTS, dtype=torch.float32, device=weight.device)
+    for r0 in range(0, flat.shape[0], _ROWS_PER_CHUNK):
+        r1 = min(r0 + _ROWS_PER_CHUNK, flat.shape[0])
+        x = flat[r0:r1].to(torch.float32)  # exact for bf16/fp16/fp32 input
+        if not torch.isfinite(x).all():
+            raise ValueError("weight contains inf or nan; MXFP4 cannot encode it")
+        amax = x.abs().amax(dim=-1)
+        # amax = m * 2**p with m in [0.5, 1): the smallest e with amax <= 6 * 2**e is p-3 if m <= 0.75 else p-2.
+        mantissa, power = torch.frexp(amax)
+        exp = power - 3 + (mantissa > 0.75).to(power.dtype)
+        exp = torch.where(amax == 0, torch.full_like(exp, -_E8M0_BIAS), exp).clamp(-_E8M0_BIAS, _E8M0_BIAS)
+        q = torch.ldexp(x, (-exp).unsqueeze(-1))  # exact: multiplication by a power of two, |q| <= 6
+        mag = q.abs()
+        # bucketize (right=False) gives code i with midpoints[i-1] < |q| <= midpoints[i]: a tie goes to the lower
+        # code; move it up where the lower code is odd, so ties land on the even code (round half to even).
+        code = torch.bucketize(mag, midpoints)
+        tie = (code % 2 == 1) & (mag == midpoints[code.clamp(max=len(_FP4_MIDPOINTS) - 1)])
+        code = code + tie.to(code.dtype)
+        code = code | (((q < 0) & (code > 0)).to(code.dtype) << 3)  # a value rounding to 0 is stored as +0
+        code = code.to(torch.uint8)
+        blocks[r0:r1] = code[:, 0::2] | (code[:, 1::2] << 4)
+        scales[r0:r1] = (exp + _E8M0_BIAS).to(torch.uint8)
+    return blocks.reshape(*prefix, groups, MXFP4_BLOCK // 2), scales.reshape(*prefix, groups)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Inverse, pure torch: [..., K/32, 16] + [..., K/32] -> [..., K].
+
+    Used by tests and to compare with transformers' own loader.
+
+    Same arithmetic as transformers' convert_moe_packed_tensors (table lookup in `dtype`, then ldexp), but without
+    its final transpose: this returns the on-disk orientation [..., out, in].
+    """
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise TypeError(f"blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
+    if blocks.ndim < 2 or blocks.shape[-1] != MXFP4_BLOCK // 2 or tuple(blocks.shape[:-1]) != tuple(scales.shape):
+        raise ValueError(
+            f"blocks must be [..., G, {MXFP4_BLOCK // 2}] and scales [..., G]; got {tuple(blocks.shape)} and "
+            f"{tuple(scales.shape)}"
+        )
+    *prefix, groups, nbytes = blocks.shape
+    lut = torch.tensor(FP4_VALUES, dtype=dtype, device=blocks.device)
+    flat = blocks.reshape(-1, nbytes)
+    exp = scales.reshape(-1, 1).to(torch.int32) - _E8M0_BIAS
+    out = torch.empty(flat.shape[0], 2 * nbytes, dtype=dtype, device=blocks.device)
+    for r0 in range(0, flat.shape[0], _ROWS_PER_CHUNK):
+        r1 = min(r0 + _ROWS_PER_CHUNK, flat.shape[0])
+        blk, sub = flat[r0:r1], out[r0:r1]
+        sub[:, 0::2] = lut[(blk & 0x0F).to(torch.int)]
+        sub[:, 1::2] = lut[(blk >> 4).to(torch.int)]
+        torch.ldexp(sub, exp[r0:r1], out=sub)
+    return out.reshape(*prefix, groups * 2 * nbytes)
+
+
+def _is_expert_param(name: str) -> bool:
+    return name.endswith(_EXPERT_PARAMS)
+
+
+def _write_shards(tensors: dict[str, torch.Tensor], out_dir: Path, max_shard_bytes: int) -> None:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], str(out_dir / "model.safetensors"), metadata=metadata)
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out_dir / fname), metadata=metadata)
+        weight_map.update(dict.fromkeys(shard, fname))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def save_mxfp4_checkpoint(model, out_dir, *, max_shard_size: int = 5 * 2**30) -> None:
+    """Save a GptOssForCausalLM (bf16) to out_dir as an MXFP4 checkpoint.
+
+    Experts as blocks+scales, in the exact key names and orientation of the real openai/gpt-oss checkpoints;
+    everything else bf16 safetensors; config.json with quantization_config {"quant_method": "mxfp4",
+    "modules_to_not_convert": GPT_OSS_MODULES_TO_NOT_CONVERT}.
+
+    `<layer>.mlp.experts.gate_up_proj` [E, H, 2I] becomes `..._blocks` [E, 2I, H/32, 16] + `..._scales` [E, 2I, H/32];
+    `down_proj` [E, I, H] becomes [E, H, I/32, 16] + [E, H, I/32]; the expert biases stay bf16. A tied lm_head is not
+    written twice. Shards above `max_shard_size` bytes get a model.safetensors.index.json.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    seen: dict[tuple[int, tuple[int, ...]], str] = {}
+    n_experts = 0
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in seen and t.numel() > 0:  # tied weights (e.g. lm_head -> embed_tokens)
+            continue
+        seen[key] = name
+        t = t.detach().to("cpu")
+        if _is_expert_param(name):
+            if t.ndim != 3:
+                raise ValueError(f"{name}: expected a 3-D [experts, in, out] tensor, got shape {tuple(t.shape)}")
+            blocks, scales = quantize_mxfp4(t.transpose(1, 2))  # [E, in, out] -> on-disk [E, out, in]
+            tensors[f"{name}_blocks"] = blocks.contiguous()
+            tensors[f"{name}_scales"] = scales.contiguous()
+            n_experts += 1
+        else:
+            tensors[name] = (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous().clone()
+    if n_experts == 0:
+        raise ValueError("no `mlp.experts.gate_up_proj` / `mlp.experts.down_proj` params found: not a gpt-oss model?")
+    _write_shards(tensors, out, max_shard_size)
+
+    config = copy.deepcopy(model.config)
+    config.quantization_config = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": list(GPT_OSS_MODULES_TO_NOT_CONVERT),
+    }
+    config.dtype = torch.bfloat16
+    if getattr(config, "architectures", None) is None:
+        config.architectures = [type(model).__name__]
+    config.save_pretrained(out)
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.save_pretrained(out)
+
+
+def build_tiny_gpt_oss(out_dir, **sizes) -> None:
+    """Write a randomly initialised tiny gpt-oss (see tiny_gpt_oss) to out_dir as an MXFP4 checkpoint."""
+    save_mxfp4_checkpoint(tiny_gpt_oss(**sizes), out_dir)
+
+
+def tiny_gpt_oss(
+    *,
+    vocab_size: int,
+    hidden_size: int = 64,
+    intermediate_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    head_dim: int = 16,
+    num_local_experts: int = 4,
+    num_experts_per_tok: int = 2,
+    sliding_window: int = 32,
+    max_position_embeddings: int = 1024,
+    seed: int = 0,
+    pad_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    bos_token_id: int | None = None,
+    initializer_range: float = 0.02,
+):
+    """A randomly initialised (torch.manual_seed(seed)) GptOssForCausalLM in bf16.
+
+    The real architecture in bf16: layer_types alternating sliding/full attention as the real config does, YaRN rope
+    with factor 32. hidden_size and intermediate_size must be multiples of 32 (ValueError naming the param otherwise).
+    """
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    for pname, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+        if not isinstance(value, int) or value <= 0 or value % MXFP4_BLOCK != 0:
+            raise ValueError(f"{pname} must be a positive multiple of {MXFP4_BLOCK} for MXFP4, got {value!r}")
+    positive = {
+        "vocab_size": vocab_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": head_dim,
+        "num_local_experts": num_local_experts,
+        "num_experts_per_tok": num_experts_per_tok,
+        "sliding_window": sliding_window,
+        "max_position_embeddings": max_position_embeddings,
+    }
+    for pname, value in positive.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{pname} must be a positive int, got {value!r}")
+    if num_attention_heads % num_key_value_heads != 0:
+        raise ValueError(
+            f"num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads "
+            f"({num_key_value_heads})"
+        )
+    if num_experts_per_tok > num_local_experts:
+        raise ValueError(
+            f"num_experts_per_tok ({num_experts_per_tok}) must be <= num_local_experts ({num_local_experts})"
+        )
+    for pname, value in (("pad_token_id", pad_token_id), ("bos_token_id", bos_token_id)):
+        if value is not None and not 0 <= value < vocab_size:
+            raise ValueError(f"{pname} {value} is outside the vocabulary [0, {vocab_size})")
+    for value in [eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []):
+        if not 0 <= value < vocab_size:
+            raise ValueError(f"eos_token_id {value} is outside the vocabulary [0, {vocab_size})")
+
+    # The real config's YaRN: factor 32 over original_max_position_embeddings (4096 -> 131072); keep that shape.
+    original_max_pos = max(1, max_position_embeddings // 32)
+    rope_parameters = {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": max_position_embeddings / original_max_pos,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": original_max_pos,
+    }
+    config = GptOssConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim,
+        num_local_experts=num_local_experts,
+        num_experts_per_tok=num_experts_per_tok,
+        sliding_window=sliding_window,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters=rope_parameters,
+        # As in openai/gpt-oss-20b's config.json: layer 0 sliding, then alternating.
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_hidden_layers)],
+        tie_word_embeddings=False,
+        initializer_range=initializer_range,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=bos_token_id,
+    )
+    torch.manual_seed(seed)
+    return GptOssForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def load_mxfp4_dequantized(path, **kwargs):
+    """Load an MXFP4 gpt-oss checkpoint dequantized to bf16 — the same load as for the real openai/gpt-oss-20b.
+
+    AutoModelForCausalLM.from_pretrained(path, quantization_config=Mxfp4Config(dequantize=True),
+    dtype=torch.bfloat16, **kwargs).
+
+    `dtype` and `quantization_config` in kwargs override the defaults. On CPU transformers 5.24 picks the "eager"
+    attention for gpt-oss by itself (it does not support sdpa), so no attn_implementation is needed.
+    """
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    kwargs.setdefault("quantization_config", Mxfp4Config(dequantize=True))
+    kwargs.setdefault("dtype", torch.bfloat16)
+    return AutoModelForCausalLM.from_pretrained(os.fspath(path), **kwargs)

@@ -1,0 +1,261 @@
+"""Typed schema of params.yaml, and per-stage views that expose only the keys a stage declares in dvc.yaml."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ParamsError(ValueError):
+    """params.yaml is invalid, or a stage read a key that dvc.yaml does not declare for it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TinyModel(_Section):
+    """Architecture of the tiny offline base model (model.source tiny-qwen2 / tiny-gpt-oss)."""
+    vocab_size: int = Field(1024, ge=300)
+    hidden_size: int = Field(64, ge=8)
+    intermediate_size: int = Field(128, ge=8)
+    num_hidden_layers: int = Field(2, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(2, ge=1)
+    num_local_experts: int = Field(4, ge=1)  # gpt-oss only
+    num_experts_per_tok: int = Field(2, ge=1)  # gpt-oss only
+    max_position_embeddings: int = Field(1024, ge=64)
+    initializer_range: float = Field(0.02, gt=0)
+    pretrain_steps: int = Field(400, ge=0)  # full-parameter LM training on the data as plain text
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _heads_divide(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                             f"{self.num_attention_heads}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
+                             f"num_key_value_heads {self.num_key_value_heads}")
+        if self.num_experts_per_tok > self.num_local_experts:
+            raise ValueError("num_experts_per_tok is larger than num_local_experts")
+        return self
+
+
+class Data(_Section):
+    source: Literal["builtin", "hub", "local"] = "builtin"
+    name: str = ""  # Hub dataset id (hub) or file path (local: .jsonl .json .parquet .csv .tsv)
+    revision: str = "main"
+    hub_split: str = "train"
+    builtin_rows: int = Field(1500, ge=10)
+    builtin_seed: int = 0
+    max_rows: int = Field(0, ge=0)  # 0 keeps every row
+
+    @model_validator(mode="after")
+    def _name_when_needed(self):
+        if self.source in ("hub", "local") and not self.name:
+            raise ValueError(f"name is required when source is '{self.source}'")
+        return self
+
+
+class Model(_Section):
+    source: Literal["tiny-qwen2", "tiny-gpt-oss", "hub", "local"] = "tiny-qwen2"
+    name: str = ""  # Hub model id (hub) or folder (local)
+    revision: str = "main"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    attn_implementation: Literal["eager", "sdpa", "flex_attention", "flash_attention_2"] = "sdpa"
+    mxfp4_dequantize: bool = False  # load with Mxfp4Config(dequantize=True), as gpt-oss needs
+    tiny: TinyModel = TinyModel()
+
+    @model_validator(mode="after")
+    def _name_when_needed(self):
+        if self.source in ("hub", "local") and not self.name:
+            raise ValueError(f"name is required when source is '{self.source}'")
+        return self
+
+
+class Split(_Section):
+    test_size: float = Field(0.1, gt=0)  # a fraction below 1, or a row count from 1 up
+    seed: int = 42
+
+
+class Sft(_Section):
+    """Maps 1:1 onto trl.SFTConfig fields."""
+    learning_rate: float = Field(2e-4, gt=0)
+    num_train_epochs: float = Field(1.0, gt=0)
+    max_steps: int = -1
+    per_device_train_batch_size: int = Field(8, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    lr_scheduler_type: str = "cosine"
+    lr_scheduler_kwargs: dict[str, Any] = {}
+    warmup_steps: float = Field(0.0, ge=0)  # a ratio below 1, else a step count
+    weight_decay: float = Field(0.0, ge=0)
+    max_length: int = Field(1024, ge=16)
+    assistant_only_loss: bool = False
+    packing: bool = False
+    bf16: bool = False
+    fp16: bool = False
+    gradient_checkpointing: bool = False
+    logging_steps: int = Field(10, ge=1)
+    seed: int = 42
+
+
+class Train(_Section):
+    accelerate_config: str = "cpu"  # configs/accelerate/<name>.yaml
+    liger: bool = False
+    sft: Sft = Sft()
+
+    @model_validator(mode="after")
+    def _config_exists(self):
+        path = ROOT / "configs" / "accelerate" / f"{self.accelerate_config}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+            raise ValueError(f"accelerate_config '{self.accelerate_config}' has no file {path.relative_to(ROOT)}; "
+                             f"known: {known}")
+        return self
+
+
+class Lora(_Section):
+    """Maps 1:1 onto peft.LoraConfig fields."""
+    r: int = Field(8, ge=1)
+    lora_alpha: float = Field(16, gt=0)
+    lora_dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"
+    target_parameters: list[str] = []  # e.g. gpt-oss experts: mlp.experts.gate_up_proj, mlp.experts.down_proj
+    bias: Literal["none", "all", "lora_only"] = "none"
+
+
+class Mgsm(_Section):
+    path: str = ""  # folder of mgsm_<lang>.tsv files, "hub" for juletxara/mgsm, or empty to skip
+    languages: list[str] = ["en", "de", "es", "fr"]
+    limit: int = Field(20, ge=1)
+
+
+class Eval(_Section):
+    languages: list[str] = ["en", "de", "es", "fr", "it"]
+    prompts: int = Field(10, ge=1)  # held-out questions, each asked once per language
+    max_new_tokens: int = Field(128, ge=1)
+    batch_size: int = Field(16, ge=1)
+    do_sample: bool = False
+    include_base: bool = True  # also evaluate the base model, for before/after figures
+    loss_rows: int = Field(0, ge=0)  # 0: the whole test split
+    mgsm: Mgsm = Mgsm()
+
+
+class Register(_Section):
+    model_name: str = "lora-pipeline"
+    experiment: str = "lora-pipeline"
+    log_mode: Literal["merged", "adapter"] = "merged"
+    gate_metric: str = "compliance.overall"  # a key of metrics/eval.json, dotted
+    gate_greater_is_better: bool = True
+
+
+# The section is called `register` in params.yaml; the name only shadows ABCMeta.register, which is unused.
+warnings.filterwarnings("ignore", message='Field name "register"', category=UserWarning)
+
+
+class Params(_Section):
+    data: Data = Data()
+    model: Model = Model()
+    split: Split = Split()
+    train: Train = Train()
+    lora: Lora = Lora()
+    eval: Eval = Eval()
+    register: Register = Register()
+
+
+def validate(raw: dict, source: str = "params.yaml") -> Params:
+    """Validate a params mapping; errors name the dotted key and what is wrong."""
+    try:
+        return Params.model_validate(raw or {})
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err["input"], dict) else ""
+            lines.append(f"  {key or '<root>'}: {err['msg']}{got}")
+        raise ParamsError(f"{source} is invalid:\n" + "\n".join(lines)) from None
+
+
+def declared_keys(stage: str, root: Path = ROOT) -> list[str]:
+    """The params.yaml keys that dvc.yaml lists for a stage."""
+    dvc = yaml.safe_load((root / "dvc.yaml").read_text())
+    if stage not in dvc.get("stages", {}):
+        raise ParamsError(f"dvc.yaml has no stage '{stage}'")
+    keys = []
+    for entry in dvc["stages"][stage].get("params", []):
+        if isinstance(entry, str):
+            keys.append(entry)
+        else:  # {file: [keys]}
+            for file, file_keys in entry.items():
+                if Path(file).name == "params.yaml":
+                    keys.extend(file_keys)
+    return keys
+
+
+class StageParams:
+    """Read-only view of Params that raises on any key the stage did not declare in dvc.yaml."""
+
+    def __init__(self, node: BaseModel, stage: str, declared: list[str], prefix: str = ""):
+        self._node, self._stage, self._declared, self._prefix = node, stage, declared, prefix
+
+    def _check(self, path: str, whole: bool) -> None:
+        covered = any(path == k or path.startswith(k + ".") for k in self._declared)
+        if not whole and not covered:
+            covered = any(k.startswith(path + ".") for k in self._declared)
+        if not covered:
+            raise ParamsError(f"stage '{self._stage}' reads '{path}', which dvc.yaml does not list under "
+                              f"stages.{self._stage}.params")
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        value = getattr(self._node, name)
+        path = self._prefix + name
+        if isinstance(value, BaseModel):
+            self._check(path, whole=False)
+            return StageParams(value, self._stage, self._declared, path + ".")
+        self._check(path, whole=True)
+        return value
+
+    def to_dict(self) -> dict:
+        """Every leaf of this section, each of which must be declared."""
+        out = {}
+        for name in type(self._node).model_fields:
+            value = getattr(self, name)
+            out[name] = value.to_dict() if isinstance(value, StageParams) else value
+        return out
+
+
+def load_params(stage: str, root: Path = ROOT) -> StageParams:
+    """Validate params.yaml as a whole, then return the view of it that `stage` may read."""
+    path = root / "params.yaml"
+    if not path.is_file():
+        raise ParamsError(f"{path} not found")
+    params = validate(yaml.safe_load(path.read_text()), source=str(path.name))
+    declared = declared_keys(stage, root)
+    leaves = set(flat_keys(params.model_dump()))
+    unknown = [k for k in declared if k not in leaves and not any(l.startswith(k + ".") for l in leaves)]
+    if unknown:
+        raise ParamsError(f"dvc.yaml stage '{stage}' declares params that the schema does not know: {unknown}")
+    return StageParams(params, stage, declared)
+
+
+def flat_keys(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists and dict-valued leaves (like lr_scheduler_kwargs) stay whole."""
+    out = {}
+    for key, value in tree.items():
+        path = prefix + key
+        if isinstance(value, dict) and value and path not in _DICT_LEAVES:
+            out.update(flat_keys(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+_DICT_LEAVES = {"train.sft.lr_scheduler_kwargs"}

@@ -1,0 +1,147 @@
+"""Tiny base models of the real architectures (Qwen2, gpt-oss), with a byte-level BPE tokenizer trained locally."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, decoders, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from lora_pipeline.chat import CHATML_SPECIAL_TOKENS, CHATML_THINK_TEMPLATE, HARMONY_SPECIAL_TOKENS, HARMONY_TEMPLATE
+
+# Qwen2Tokenizer rebuilds its pre-tokenizer from this regex whatever tokenizer.json says, so the BPE is
+# trained with exactly that pipeline (NFC, the regex split, byte level without its own regex).
+QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                           r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+FAMILIES = {
+    "tiny-qwen2": dict(template=CHATML_THINK_TEMPLATE, special=CHATML_SPECIAL_TOKENS, tokenizer_class="Qwen2Tokenizer",
+                       eos=["<|im_end|>", "<|endoftext|>"], pad="<|endoftext|>"),
+    "tiny-gpt-oss": dict(template=HARMONY_TEMPLATE, special=HARMONY_SPECIAL_TOKENS,
+                         tokenizer_class="PreTrainedTokenizerFast", eos=["<|return|>", "<|end|>"], pad="<|endoftext|>"),
+}
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, family: str, out_dir: Path):
+    """Train a byte-level BPE on `texts`, save it with the family's chat template, and load it back."""
+    spec = FAMILIES[family]
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=spec["special"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=spec["eos"][0], pad_token=spec["pad"],
+                                   unk_token=None, additional_special_tokens=spec["special"])
+    fast.chat_template = spec["template"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out_dir)
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = spec["tokenizer_class"]
+    config_path.write_text(json.dumps(config, indent=2))
+    return fast
+
+
+def tiny_qwen2(tokenizer, tiny):
+    """A randomly initialised Qwen2ForCausalLM of the given sizes."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(tiny.seed)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=tiny.hidden_size,
+                         intermediate_size=tiny.intermediate_size, num_hidden_layers=tiny.num_hidden_layers,
+                         num_attention_heads=tiny.num_attention_heads, num_key_value_heads=tiny.num_key_value_heads,
+                         max_position_embeddings=tiny.max_position_embeddings, tie_word_embeddings=True,
+                         initializer_range=tiny.initializer_range, bos_token_id=None,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return Qwen2ForCausalLM(config)
+
+
+def tiny_gpt_oss(tokenizer, tiny):
+    """A randomly initialised GptOssForCausalLM (bf16) of the given sizes."""
+    from lora_pipeline import mxfp4
+
+    return mxfp4.tiny_gpt_oss(vocab_size=len(tokenizer), hidden_size=tiny.hidden_size,
+                              intermediate_size=tiny.intermediate_size, num_hidden_layers=tiny.num_hidden_layers,
+                              num_attention_heads=tiny.num_attention_heads,
+                              num_key_value_heads=tiny.num_key_value_heads,
+                              head_dim=tiny.hidden_size // tiny.num_attention_heads,
+                              num_local_experts=tiny.num_local_experts, num_experts_per_tok=tiny.num_experts_per_tok,
+                              max_position_embeddings=tiny.max_position_embeddings, seed=tiny.seed,
+                              initializer_range=tiny.initializer_range,
+                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+
+
+def build_tiny(family: str, rows: list[dict], tiny, out_dir: Path) -> list[float]:
+    """Tokenizer trained on the rows, a random model of `family` pretrained on them as plain text, saved to
+    out_dir (gpt-oss with its experts in MXFP4, like openai/gpt-oss-20b). Returns the pretraining losses."""
+    from transformers import GenerationConfig
+
+    out_dir = Path(out_dir)
+    train_tokenizer(tokenizer_corpus(rows), tiny.vocab_size, family, out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(out_dir)
+    model = (tiny_qwen2 if family == "tiny-qwen2" else tiny_gpt_oss)(tokenizer, tiny).float()
+    losses = pretrain(model, tokenizer, pretraining_corpus(rows), tiny.pretrain_steps, tiny.seed)
+    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in FAMILIES[family]["eos"]]
+    model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
+    if family == "tiny-gpt-oss":
+        from lora_pipeline.mxfp4 import save_mxfp4_checkpoint
+
+        save_mxfp4_checkpoint(model.to(torch.bfloat16), out_dir)  # gpt-oss ships in bf16 + MXFP4
+    else:
+        model.save_pretrained(out_dir)
+    return losses
+
+
+def tokenizer_corpus(rows: list[dict]) -> list[str]:
+    """Every text the chat template will wrap: message contents, reasoning, and the role names."""
+    texts = ["system", "developer", "user", "assistant", "analysis", "final"]
+    for row in rows:
+        for message in row.get("messages", []):
+            texts.append(message.get("content") or "")
+            texts.append(message.get("thinking") or "")
+    return texts
+
+
+def pretraining_corpus(rows: list[dict]) -> list[str]:
+    """Plain text for the tiny base's pretraining: each conversation as prose (question, reasoning, answer)
+    with no chat format or roles, headed by the reasoning's language name where the row gives it (as a
+    pretrained model knows what "German" means). Following "reasoning language: X" in a system prompt is
+    left for fine-tuning to teach."""
+    texts = []
+    for row in rows:
+        body = "\n".join(text for m in row.get("messages", []) if m["role"] != "system"
+                         for text in (m.get("thinking"), m["content"]) if text)
+        texts.append(f"Language: {row['reasoning_language']}\n{body}" if row.get("reasoning_language") else body)
+    return texts
+
+
+def pretrain(model, tokenizer, texts: list[str], steps: int, seed: int, batch_size: int = 32,
+             max_length: int = 128, learning_rate: float = 3e-3) -> list[float]:
+    """Full-parameter causal-LM training on plain texts; returns the loss per step."""
+    if steps <= 0:
+        return []
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=learning_rate, total_steps=steps, pct_start=0.1)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(len(texts), (batch_size,), generator=generator).tolist()
+        batch = tokenizer([texts[i] + tokenizer.eos_token for i in idx], return_tensors="pt", padding=True,
+                          truncation=True, max_length=max_length)
+        labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    model.eval()
+    return losses

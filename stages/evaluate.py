@@ -1,0 +1,124 @@
+"""evaluate: held-out loss, reasoning-language compliance, answer accuracy (built-in set, MGSM) and the demo.
+
+    python -m stages.evaluate
+Evaluates models/merged and, with eval.include_base, models/base too (the "before" figures, under "base").
+"""
+import csv
+import json
+from pathlib import Path
+
+import torch
+
+from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
+from lora_pipeline.data import read_jsonl
+from lora_pipeline.metrics import (LANGUAGE_NAMES, answer_correct, detect_language, generate, heldout_loss,
+                                   mgsm_files, read_mgsm)
+from lora_pipeline.modeling import device, load_model, load_tokenizer
+from lora_pipeline.params import load_params
+from lora_pipeline.report import plot_report
+
+BASE, MERGED, TEST = Path("models/base"), Path("models/merged"), Path("data/split/test.jsonl")
+METRICS, COMPLIANCE, LOSS_LOG = Path("metrics/eval.json"), Path("plots/compliance.csv"), Path("plots/train_loss.csv")
+REPORTS = Path("reports")
+DEMO = [{"role": "system", "content": "reasoning language: German"},
+        {"role": "user", "content": "¿Cuál es el capital de Australia?"}]
+
+params = load_params("evaluate")
+ev = params.eval
+# Check every input before loading a model.
+unknown = [lang for lang in ev.languages + (ev.mgsm.languages if ev.mgsm.path else []) if lang not in LANGUAGE_NAMES]
+if unknown:
+    raise SystemExit(f"eval.languages / eval.mgsm.languages: unknown codes {unknown}; known: {sorted(LANGUAGE_NAMES)}")
+if ev.mgsm.path and ev.mgsm.path != "hub":
+    mgsm_files(ev.mgsm.path, ev.mgsm.languages)
+test_rows = read_jsonl(TEST)
+heldout = [conversation(r) for r in test_rows[: ev.loss_rows or None]]
+questions = [r for r in test_rows if any(m["role"] == "user" for m in r["messages"])][: ev.prompts]
+
+
+def user_question(row):
+    return next(m["content"] for m in row["messages"] if m["role"] == "user")
+
+
+def evaluate(model, tokenizer):
+    """Every measure for one model; returns (metrics, generation records)."""
+    gen = dict(max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size, do_sample=ev.do_sample)
+    metrics = {"test": heldout_loss(model, tokenizer, heldout, max_length=2048, batch_size=ev.batch_size)}
+
+    # Each held-out question asked once per reasoning language.
+    cases = [(row, lang) for row in questions for lang in ev.languages]
+    outputs = generate(model, tokenizer, [prompt_messages(user_question(r), LANGUAGE_NAMES[lang], r.get("developer", ""))
+                                          for r, lang in cases], **gen)
+    records = []
+    for (row, lang), text in zip(cases, outputs):
+        reasoning, final = split_reasoning(text)
+        record = {"set": "heldout", "reasoning_language": lang, "question": user_question(row), "generated": text,
+                  "reasoning_detected": detect_language(reasoning), "final_detected": detect_language(final)}
+        if "user_language" in row:
+            record["user_language"] = row["user_language"]
+        if "answer" in row:
+            record["correct"] = answer_correct(final, row["answer"])
+        records.append(record)
+    compliance = {lang: sum(r["reasoning_detected"] == lang for r in records if r["reasoning_language"] == lang)
+                  / len(questions) for lang in ev.languages}
+    compliance["overall"] = sum(r["reasoning_detected"] == r["reasoning_language"] for r in records) / len(records)
+    metrics["compliance"] = compliance
+    with_user_lang = [r for r in records if "user_language" in r]
+    if with_user_lang:
+        metrics["final_language_rate"] = sum(r["final_detected"] == r["user_language"] for r in with_user_lang) / len(with_user_lang)
+    with_answer = [r for r in records if "correct" in r]
+    if with_answer:
+        metrics["accuracy"] = {"builtin": sum(r["correct"] for r in with_answer) / len(with_answer)}
+
+    if ev.mgsm.path:  # reasoning asked in the question's own language
+        per_lang = {}
+        for lang in ev.mgsm.languages:
+            rows = read_mgsm(ev.mgsm.path, lang, ev.mgsm.limit)
+            texts = generate(model, tokenizer, [prompt_messages(r["question"], LANGUAGE_NAMES[lang]) for r in rows], **gen)
+            correct = [answer_correct(split_reasoning(t)[1], r["answer"]) for r, t in zip(rows, texts)]
+            per_lang[lang] = sum(correct) / len(correct)
+            records += [{"set": f"mgsm_{lang}", "question": r["question"], "answer": r["answer"], "generated": t,
+                         "correct": c} for r, t, c in zip(rows, texts, correct)]
+        per_lang["overall"] = sum(per_lang.values()) / len(per_lang)
+        metrics.setdefault("accuracy", {})["mgsm"] = per_lang
+
+    demo = generate(model, tokenizer, [DEMO], **gen)[0]
+    metrics["demo_reasoning_is_german"] = int(detect_language(split_reasoning(demo)[0]) == "de")
+    records.append({"set": "demo", "generated": demo})
+    return metrics, records
+
+
+models = {"finetuned": MERGED} | ({"base": BASE} if ev.include_base else {})
+results, transcripts = {}, []
+for name, path in models.items():
+    tokenizer = load_tokenizer(path)
+    model = load_model(path, params.model, quantized=None if name == "base" else False).to(device()).eval()
+    torch.manual_seed(0)
+    metrics, records = evaluate(model, tokenizer)
+    results[name] = metrics
+    for record in records:
+        record["model"] = name
+    transcripts += records
+    del model
+
+metrics = results["finetuned"] | ({"base": results["base"]} if "base" in results else {})
+METRICS.parent.mkdir(exist_ok=True)
+METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
+COMPLIANCE.parent.mkdir(exist_ok=True)
+with open(COMPLIANCE, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["model", "language", "compliance"])
+    for name, result in results.items():
+        writer.writerows([name, lang, rate] for lang, rate in result["compliance"].items())
+REPORTS.mkdir(exist_ok=True)
+with open(REPORTS / "generations.jsonl", "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in transcripts)
+demo_lines = []
+for record in (r for r in transcripts if r["set"] == "demo"):
+    reasoning, final = split_reasoning(record["generated"])
+    demo_lines += [f"== {record['model']} model ==", "system: reasoning language: German",
+                   "user: ¿Cuál es el capital de Australia?", f"reasoning ({detect_language(reasoning)}): {reasoning}",
+                   f"final ({detect_language(final)}): {final}", f"raw: {record['generated']}", ""]
+(REPORTS / "demo.txt").write_text("\n".join(demo_lines))
+plot_report(LOSS_LOG, results, REPORTS / "report.png")
+print(json.dumps(metrics, indent=2))

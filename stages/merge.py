@@ -1,0 +1,47 @@
+"""merge: fold the LoRA adapter into the base weights (merge_and_unload) and save safetensors to models/merged.
+
+    python -m stages.merge
+Checks on a few held-out conversations that the merged model gives the adapted model's logits.
+"""
+import json
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+
+from lora_pipeline.chat import conversation
+from lora_pipeline.data import read_jsonl
+from lora_pipeline.modeling import load_model, load_tokenizer
+from lora_pipeline.params import load_params
+
+BASE, ADAPTER, MERGED = Path("models/base"), Path("models/adapter"), Path("models/merged")
+TEST, METRICS = Path("data/split/test.jsonl"), Path("metrics/merge.json")
+# Largest |merged - adapted| logit difference allowed, relative to the largest |logit|: merging changes
+# only rounding, which is ~1e-7 in float32 and ~1e-3..1e-2 in 16-bit formats.
+RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
+
+params = load_params("merge")
+tokenizer = load_tokenizer(BASE)
+model = PeftModel.from_pretrained(load_model(BASE, params.model), ADAPTER).eval()
+
+texts = [tokenizer.apply_chat_template(conversation(row), tokenize=False) for row in read_jsonl(TEST)[:4]]
+batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=128).to(model.device)
+with torch.no_grad():
+    adapted = model(**batch).logits.float()
+    merged_model = model.merge_and_unload()
+    merged = merged_model(**batch).logits.float()
+mask = batch["attention_mask"].bool()
+max_diff = (adapted - merged).abs()[mask].max().item()
+relative = max_diff / adapted.abs()[mask].max().item()
+if relative > RELATIVE_TOLERANCE[params.model.dtype]:
+    raise SystemExit(f"merged logits differ from the adapted model's by {max_diff:.3g} "
+                     f"({relative:.3g} relative, tolerance {RELATIVE_TOLERANCE[params.model.dtype]})")
+
+# A model loaded from MXFP4 with dequantize=True is saved as plain 16-bit weights.
+merged_model.config.__dict__.pop("quantization_config", None)
+merged_model.save_pretrained(MERGED)
+tokenizer.save_pretrained(MERGED)
+METRICS.parent.mkdir(exist_ok=True)
+metrics = {"max_abs_logit_diff": max_diff, "relative_logit_diff": relative}
+METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
+print(f"merged -> {MERGED}; {metrics}")

@@ -1,0 +1,73 @@
+"""register: one MLflow run for this pipeline run (tags, params, metrics, per-step loss), and the model registered.
+
+    python -m stages.register
+The new version gets the alias `candidate`; it becomes `champion` only if register.gate_metric beats the
+current champion's. Re-running for a model already registered (same md5 in dvc.lock) registers nothing new.
+"""
+import csv
+import json
+import os
+from pathlib import Path
+
+import mlflow
+from mlflow import MlflowClient
+
+from lora_pipeline import registry
+from lora_pipeline.params import ROOT, flat_keys, load_params
+
+METRICS = {"train": Path("metrics/train.json"), "merge": Path("metrics/merge.json"), "eval": Path("metrics/eval.json")}
+LOSS_LOG, ARTIFACTS = Path("plots/train_loss.csv"), [Path("reports/demo.txt"), Path("reports/report.png")]
+OUT = Path("models/registered.json")
+
+params = load_params("register")
+reg, model_params = params.register, params.model
+metrics = {f"{stage}.{key}": value for stage, path in METRICS.items()
+           for key, value in flat_keys(json.loads(path.read_text())).items() if isinstance(value, (int, float))}
+if reg.gate_metric not in metrics:
+    raise SystemExit(f"register.gate_metric '{reg.gate_metric}' is not a metric; known: {sorted(metrics)}")
+
+uri = registry.use_experiment(reg.experiment, ROOT)
+client = MlflowClient()
+md5s, run_params = registry.lock_provenance(ROOT / "dvc.lock")
+model_dir = "models/merged" if reg.log_mode == "merged" else "models/adapter"
+model_md5 = md5s.get(model_dir, "")
+
+existing = registry.find_version_by_tag(client, reg.model_name, "model_md5", model_md5) if model_md5 else None
+if existing is not None:
+    print(f"{model_dir} (md5 {model_md5}) is already version {existing.version} of {reg.model_name}; nothing to register")
+    version, run_id, decision = existing, existing.run_id, {"promote": None, "reason": "already registered"}
+else:
+    tags = {"git_commit": registry.git_commit(ROOT), "dvc_exp_name": os.environ.get("DVC_EXP_NAME", "workspace"),
+            "model_md5": model_md5, **{f"md5.{path}": md5 for path, md5 in md5s.items()}}
+    with mlflow.start_run(run_name=os.environ.get("DVC_EXP_NAME")) as run:
+        mlflow.set_tags(tags)
+        mlflow.log_params({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in run_params.items()})
+        mlflow.log_metrics(metrics)
+        with open(LOSS_LOG) as f:  # the train stage's per-step log, in this same run
+            for row in csv.DictReader(f):
+                mlflow.log_metric("train.step_loss", float(row["loss"]), step=int(row["step"]))
+        for artifact in ARTIFACTS:
+            if artifact.is_file():
+                mlflow.log_artifact(str(artifact))
+        if reg.log_mode == "merged":
+            info = registry.log_merged_model(Path(model_dir))
+        else:
+            info = registry.log_adapter_model(Path(model_dir), model_params)
+        decision = registry.champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
+                                              reg.gate_greater_is_better)
+        version = mlflow.register_model(info.model_uri, reg.model_name, tags={"model_md5": model_md5})
+        client.set_registered_model_alias(reg.model_name, "candidate", version.version)
+        if decision["promote"]:
+            client.set_registered_model_alias(reg.model_name, "champion", version.version)
+        mlflow.set_tags({"gate.decision": "champion" if decision["promote"] else "candidate",
+                         "gate.reason": decision["reason"], "registered_version": version.version})
+        mlflow.log_dict(decision, "gate_decision.json")
+        run_id = run.info.run_id
+    print(f"registered {reg.model_name} v{version.version}: {decision['reason']}")
+
+aliases = client.get_model_version(reg.model_name, version.version).aliases
+OUT.write_text(json.dumps({"model_name": reg.model_name, "version": int(version.version),
+                           "model_uri": f"models:/{reg.model_name}/{version.version}", "aliases": sorted(aliases),
+                           "run_id": run_id, "tracking_uri": uri, "model_md5": model_md5,
+                           "gate": decision}, indent=2) + "\n")
+print(OUT.read_text())

@@ -1,0 +1,71 @@
+"""Shared fixtures: offline environment, the repository root, MGSM's location, a tiny model on disk."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+MGSM = ROOT.parent / "shared" / "data" / "mgsm"
+# What a copy of the repository leaves out: local environments, stores and everything DVC produces.
+COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", "mlflow.db", "mlartifacts",
+                                     "mlruns", "cache", "tmp", "data", "models", "metrics", "plots", "reports",
+                                     ".whl", "docs")
+
+
+def copy_repo(dest: Path) -> Path:
+    """The project's files (no outputs) in a fresh git repository at dest."""
+    shutil.copytree(ROOT, dest, ignore=COPY_IGNORE)
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
+        subprocess.run(cmd, cwd=dest, check=True, env=git_env())
+    return dest
+
+
+def git_env() -> dict:
+    return {**os.environ, "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@localhost",
+            "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"}
+
+
+def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: int = 900) -> str:
+    """Run a command with the test's Python environment on PATH; fail the test with its output if it fails."""
+    bin_dir = str(Path(sys.executable).parent)
+    full_env = {k: v for k, v in git_env().items() if k not in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME")}
+    full_env.update(PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), **(env or {}))
+    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{output[-6000:]}")
+    return output
+
+
+def set_params(repo: Path, **dotted):
+    """Edit params.yaml in a copy, e.g. set_params(repo, **{"eval.prompts": 4})."""
+    import yaml
+
+    path = repo / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for key, value in dotted.items():
+        node = params
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@pytest.fixture(scope="session")
+def repo(tmp_path_factory):
+    """A copy of the repository after `dvc repro` on the default (with MGSM from the shared folder)."""
+    repo = copy_repo(tmp_path_factory.mktemp("pipeline") / "repo")
+    if MGSM.is_dir():
+        set_params(repo, **{"eval.mgsm.path": str(MGSM)})
+    output = run(["dvc", "repro"], repo)
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-qm", "baseline"], repo)
+    return repo, output

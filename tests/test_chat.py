@@ -1,0 +1,83 @@
+"""Chat templates, the assistant-only loss mask, row checks and reasoning extraction."""
+import pytest
+from transformers import AutoTokenizer
+
+from lora_pipeline import builtin_data
+from lora_pipeline.chat import RowError, check_row, conversation, prompt_messages, split_reasoning
+from lora_pipeline.metrics import assistant_mask
+from lora_pipeline.tiny_models import tokenizer_corpus, train_tokenizer
+
+ROWS = builtin_data.generate(200, seed=3)
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen2", "tiny-gpt-oss"])
+def tokenizer(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param)
+    train_tokenizer(tokenizer_corpus(ROWS), 600, request.param, out)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def test_template_renders_reasoning_and_answer(tokenizer):
+    row = ROWS[0]
+    text = tokenizer.apply_chat_template(conversation(row), tokenize=False)
+    assert row["analysis"] in text and row["final"] in text and row["user"] in text
+    assert "reasoning language: " + row["reasoning_language"] in text
+    assert text.index(row["analysis"]) < text.index(row["final"])  # reasoning comes first
+    if "<|channel|>" in text:
+        assert f"<|channel|>analysis<|message|>{row['analysis']}<|end|>" in text
+        assert f"<|channel|>final<|message|>{row['final']}<|return|>" in text
+    else:
+        assert f"<think>\n{row['analysis']}\n</think>\n{row['final']}<|im_end|>" in text
+
+
+def test_assistant_mask_covers_exactly_the_assistant_turn(tokenizer):
+    for row in ROWS[:20]:
+        messages = conversation(row)
+        ids, mask = assistant_mask(tokenizer, messages, max_length=4096)
+        assert len(ids) == len(mask) and 0 < sum(mask) < len(mask)
+        # the masked tokens are one contiguous run, followed by nothing but the template's newline ...
+        first, last = mask.index(1), len(mask) - mask[::-1].index(1)
+        assert all(mask[first:last]) and not any(mask[:first])
+        assert tokenizer.decode(ids[last:]).strip() == ""
+        # ... that decodes to exactly the assistant turn the template renders after the generation prompt
+        prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(messages, tokenize=False)
+        assistant_part = full[len(prompt):].rstrip("\n")
+        assert tokenizer.decode([t for t, m in zip(ids, mask) if m]).rstrip("\n") == assistant_part
+        assert row["analysis"] in assistant_part and row["user"] not in assistant_part
+
+
+def test_generation_prompt_then_reasoning_round_trip(tokenizer):
+    row = ROWS[1]
+    prompt = tokenizer.apply_chat_template(conversation(row)[:-1], tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(conversation(row), tokenize=False)
+    assert split_reasoning(full[len(prompt):]) == (row["analysis"], row["final"])
+
+
+def test_split_reasoning_formats():
+    assert split_reasoning("<think>\nDenken.\n</think>\nAntwort.<|im_end|>") == ("Denken.", "Antwort.")
+    assert split_reasoning("<think>\nnever closed") == ("never closed", "")
+    harmony = "<|channel|>analysis<|message|>Razonamiento.<|end|><|start|>assistant<|channel|>final<|message|>42<|return|>"
+    assert split_reasoning(harmony) == ("Razonamiento.", "42")
+    assert split_reasoning("plain answer<|im_end|>") == ("", "plain answer")
+
+
+def test_prompt_messages():
+    assert prompt_messages("Q?", "German") == [{"role": "system", "content": "reasoning language: German"},
+                                               {"role": "user", "content": "Q?"}]
+    assert prompt_messages("Q?", None) == [{"role": "user", "content": "Q?"}]
+    assert prompt_messages("Q?", "French", "Be brief.")[0]["content"] == "reasoning language: French\n\nBe brief."
+
+
+@pytest.mark.parametrize("row, fragment", [
+    ({}, "'messages' must be a non-empty list"),
+    ({"messages": [{"role": "bot", "content": "x"}]}, r"messages\[0\]\.role is 'bot'"),
+    ({"messages": [{"role": "user", "content": 3}]}, r"messages\[0\]\.content must be a string"),
+    ({"messages": [{"role": "assistant", "content": "x", "thinking": 1}]}, r"messages\[0\]\.thinking"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "no assistant message"),
+])
+def test_check_row_names_the_problem(row, fragment):
+    with pytest.raises(RowError, match=fragment):
+        check_row(row, where="data.jsonl row 7")
+    with pytest.raises(RowError, match="data.jsonl row 7"):
+        check_row(row, where="data.jsonl row 7")

@@ -1,0 +1,79 @@
+"""params.yaml validation and the per-stage views of it."""
+import pytest
+import yaml
+
+from conftest import ROOT
+from lora_pipeline.params import ParamsError, StageParams, declared_keys, load_params, validate
+
+STAGES = list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
+
+
+def shipped() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_shipped_params_validate():
+    params = validate(shipped())
+    assert params.model.source == "tiny-qwen2" and params.data.source == "builtin"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_declared_key_exists(stage):
+    assert isinstance(load_params(stage), StageParams)
+    assert declared_keys(stage), f"stage {stage} declares no params"
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("lora.r", 0, "lora.r"),
+    ("lora.lora_dropout", 1.5, "lora.lora_dropout"),
+    ("train.sft.learning_rate", "fast", "train.sft.learning_rate"),
+    ("train.accelerate_config", "nope", "configs/accelerate/nope.yaml"),
+    ("model.source", "gpt-5", "model.source"),
+    ("split.test_size", 0, "split.test_size"),
+])
+def test_bad_value_names_the_key(key, value, fragment):
+    raw = shipped()
+    *parents, leaf = key.split(".")
+    node = raw
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    with pytest.raises(ParamsError, match=fragment.replace(".", r"\.")):
+        validate(raw)
+
+
+def test_unknown_key_is_rejected():
+    raw = shipped()
+    raw["lora"]["rank"] = 16  # a typo for lora.r must not be silently ignored
+    with pytest.raises(ParamsError, match=r"lora\.rank"):
+        validate(raw)
+
+
+def test_hub_source_needs_a_name():
+    raw = shipped()
+    raw["data"]["source"] = "hub"
+    with pytest.raises(ParamsError, match="name is required"):
+        validate(raw)
+
+
+def test_stage_view_refuses_undeclared_keys():
+    train = load_params("train")
+    assert train.lora.r == shipped()["lora"]["r"]
+    assert train.train.sft.to_dict()["learning_rate"] == shipped()["train"]["sft"]["learning_rate"]
+    with pytest.raises(ParamsError, match=r"stage 'train' reads 'eval', which dvc.yaml does not list"):
+        train.eval.prompts
+    with pytest.raises(ParamsError, match=r"stage 'train' reads 'model\.name'"):  # model.dtype is declared
+        train.model.name
+    assert train.model.dtype == shipped()["model"]["dtype"]
+    split = load_params("split")
+    with pytest.raises(ParamsError, match=r"stage 'split' reads 'lora'"):
+        split.lora.r
+
+
+def test_to_dict_needs_every_leaf_declared(tmp_path):
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    dvc["stages"]["train"]["params"].remove("train.sft.seed")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc))
+    with pytest.raises(ParamsError, match=r"train\.sft\.seed"):
+        load_params("train", root=tmp_path).train.sft.to_dict()

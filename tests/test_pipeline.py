@@ -1,0 +1,78 @@
+"""The whole pipeline, for real, on the tiny default: dvc repro, an experiment, MLflow, and the champion."""
+import json
+import re
+
+import pytest
+
+from conftest import MGSM, run
+
+STAGES = ["fetch", "split", "train", "merge", "evaluate", "register"]
+
+
+def ran_stages(output: str) -> list[str]:
+    return re.findall(r"Running stage '([\w-]+)'", output)
+
+
+def test_repro_runs_every_stage_and_learns(repo):
+    repo, output = repo
+    assert ran_stages(output) == STAGES
+    for path in ["data/raw/data.jsonl", "data/split/train.jsonl", "models/base/config.json",
+                 "models/adapter/adapter_config.json", "models/merged/model.safetensors", "reports/demo.txt",
+                 "reports/report.png", "plots/train_loss.csv", "plots/compliance.csv"]:
+        assert (repo / path).is_file(), path
+    train = json.loads((repo / "metrics/train.json").read_text())
+    merge = json.loads((repo / "metrics/merge.json").read_text())
+    ev = json.loads((repo / "metrics/eval.json").read_text())
+    assert train["world_size"] == 1 and train["steps"] > 0
+    assert merge["max_abs_logit_diff"] < 1e-3
+    # fine-tuning learned: held-out loss well below the base model's
+    assert ev["test"]["loss"] < 0.7 * ev["base"]["test"]["loss"], ev
+    assert set(ev["compliance"]) == {"en", "de", "es", "fr", "it", "overall"}
+    assert 0 <= ev["accuracy"]["builtin"] <= 1
+    if MGSM.is_dir():
+        assert set(ev["accuracy"]["mgsm"]) == {"en", "de", "es", "fr", "overall"}
+    demo = (repo / "reports/demo.txt").read_text()
+    assert "¿Cuál es el capital de Australia?" in demo and "== base model ==" in demo
+    losses = (repo / "plots/train_loss.csv").read_text().splitlines()
+    assert losses[0].startswith("step,loss") and len(losses) > 5
+
+
+def test_nothing_changed_runs_nothing(repo):
+    repo, _ = repo
+    before = (repo / "models/registered.json").read_text()
+    output = run(["dvc", "repro"], repo)
+    assert ran_stages(output) == []
+    assert (repo / "models/registered.json").read_text() == before
+
+
+def test_register_is_idempotent_for_the_same_model(repo):
+    repo, _ = repo
+    first = json.loads((repo / "models/registered.json").read_text())
+    assert first["version"] == 1 and set(first["aliases"]) == {"candidate", "champion"}
+    output = run(["dvc", "repro", "-f", "-s", "register"], repo)
+    assert "already version 1" in output
+    assert json.loads((repo / "models/registered.json").read_text())["version"] == 1
+
+
+def test_experiment_reruns_only_what_lora_r_affects(repo):
+    repo, _ = repo
+    output = run(["dvc", "exp", "run", "-S", "lora.r=16", "-n", "r16"], repo)
+    assert ran_stages(output) == ["train", "merge", "evaluate", "register"]
+    assert "Stage 'fetch' didn't change, skipping" in output and "Stage 'split' didn't change, skipping" in output
+    registered = json.loads((repo / "models/registered.json").read_text())
+    assert registered["version"] == 2 and "candidate" in registered["aliases"]
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], repo))
+    rows = {}
+    for commit in shown:
+        rows[commit["rev"]] = commit
+        for exp in commit.get("experiments") or []:
+            for rev in exp.get("revs", []):
+                rows[exp.get("name") or rev["rev"]] = rev
+    assert "r16" in rows, list(rows)
+    data = rows["r16"]["data"]
+    assert data["params"]["params.yaml"]["data"]["lora"]["r"] == 16
+    assert "compliance" in data["metrics"]["metrics/eval.json"]["data"]
+    # the baseline commit keeps r=8 and its own metrics
+    baseline = next(c for c in shown if c["rev"] != "workspace")
+    assert baseline["data"]["params"]["params.yaml"]["data"]["lora"]["r"] == 8
+    assert "test" in baseline["data"]["metrics"]["metrics/eval.json"]["data"]

@@ -1,0 +1,88 @@
+"""MLflow: one run per pipeline run with provenance tags, the champion loads through pyfunc and generates,
+and the same stage against a real MLflow tracking server."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import run
+
+
+def test_run_has_provenance_and_step_metrics(repo):
+    import mlflow
+    from mlflow import MlflowClient
+
+    repo, _ = repo
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    client = MlflowClient()
+    run_ = client.get_run(client.get_model_version("lora-pipeline", "1").run_id)  # the default's run
+    lock = subprocess.run(["git", "show", "HEAD:dvc.lock"], cwd=repo, capture_output=True, text=True).stdout
+    assert run_.data.tags["git_commit"] and len(run_.data.tags["git_commit"]) == 40
+    assert run_.data.tags["model_md5"] and run_.data.tags["model_md5"] in lock
+    assert run_.data.tags["md5.data/split"] in lock
+    assert run_.data.params["lora.r"] == "8"
+    assert "eval.compliance.overall" in run_.data.metrics and "eval.test.loss" in run_.data.metrics
+    steps = client.get_metric_history(run_.info.run_id, "train.step_loss")
+    assert len(steps) > 5 and steps[0].step < steps[-1].step
+    assert run_.data.tags["gate.decision"] == "champion"
+
+
+def test_champion_loads_through_pyfunc_and_generates(repo):
+    import mlflow
+    from transformers import AutoTokenizer
+
+    repo, _ = repo
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    model = mlflow.pyfunc.load_model("models:/lora-pipeline@champion")
+    tokenizer = AutoTokenizer.from_pretrained(repo / "models/merged")
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "reasoning language: German"},
+         {"role": "user", "content": "Anna hat 5 Äpfel und kauft 3 dazu. Wie viele Äpfel hat sie?"}],
+        tokenize=False, add_generation_prompt=True)
+    out = model.predict([prompt], params={"max_new_tokens": 24})
+    text = out[0] if isinstance(out, list) else str(out)
+    assert isinstance(text, str) and len(text.strip()) > 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_register_against_a_tracking_server(repo, tmp_path):
+    import mlflow
+
+    repo, _ = repo
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination",
+         str(tmp_path / "artifacts"), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        saved = (repo / "models/registered.json").read_text()
+        output = run([sys.executable, "-m", "stages.register"], repo, env={"MLFLOW_TRACKING_URI": uri})
+        assert "registered lora-pipeline v1" in output
+        registered = json.loads((repo / "models/registered.json").read_text())
+        assert registered["tracking_uri"] == uri and "champion" in registered["aliases"]
+        mlflow.set_tracking_uri(uri)
+        version = mlflow.MlflowClient().get_model_version_by_alias("lora-pipeline", "champion")
+        assert version.version == "1"
+        model = mlflow.pyfunc.load_model("models:/lora-pipeline@champion")
+        assert isinstance(model.predict(["<|im_start|>user\nHallo<|im_end|>\n"], params={"max_new_tokens": 4})[0], str)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+        (repo / "models/registered.json").write_text(saved)
