@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: setup repro test clean
+.PHONY: setup repro test recipe clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,12 @@ repro: setup
 
 test: setup
 	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q tests
+
+# make recipe RECIPE=gpt-oss-20b: the recipe's params become params.yaml, then one DVC experiment of it.
+recipe: setup
+	@test -f recipes/$(RECIPE).yaml || { echo "no recipes/$(RECIPE).yaml; have: $$(ls recipes)"; exit 1; }
+	cp recipes/$(RECIPE).yaml params.yaml
+	$(RUN) dvc exp run -n $(RECIPE)
 
 clean:
 	rm -rf $(VENV)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements behind docs/gpu-runs.md, on a machine with 2 GPUs:
+#   bash benchmarks/gpu_runs.sh ddp      (a) Qwen2-0.5B full size, 2 processes, with and without Liger
 #   bash benchmarks/gpu_runs.sh parallel   (a) Qwen2-0.5B full size and (b) gpt-oss full width, 4 layers,
 #                                          both through accelerate with 2 processes; plus the tiny default's
 #                                          train stage on 2 GPUs and the seed baseline for Qwen2-0.5B
@@ -20,21 +21,27 @@ print({k: m.version(k) for k in ['torch', 'transformers', 'peft', 'trl', 'accele
   | tee "$OUT/versions.txt"
 
 case "${1:-parallel}" in
+ddp)
+  for liger in on off; do
+    step "(a) Qwen2-0.5B full size, recipe, Liger $liger, 2 processes"
+    $LAUNCH2 benchmarks/train_throughput.py --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b --liger $liger \
+      --checkpoint /tmp/qwen2-0.5b --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|Error|error" | tail -5
+  done
+  ;;
 parallel)
   step "seed baseline, Qwen2-0.5B, 1 GPU"
-  python3 "$SEED_BASELINE" --recipe qwen2-0.5b --out "$OUT/seed.jsonl" 2>&1 | tail -3
+  CUDA_VISIBLE_DEVICES=0 python3 "$SEED_BASELINE" --recipe qwen2-0.5b --out "$OUT/seed.jsonl" 2>&1 | tail -1
   step "(a) Qwen2-0.5B full size, recipe (Liger on), 1 process"
-  python3 benchmarks/train_throughput.py --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b \
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/train_throughput.py --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b \
     --checkpoint /tmp/qwen2-0.5b --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|Error|error" | tail -5
-  step "(a) Qwen2-0.5B full size, recipe (Liger on), 2 processes"
-  $LAUNCH2 benchmarks/train_throughput.py --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b \
-    --checkpoint /tmp/qwen2-0.5b --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|Error|error" | tail -5
-  step "(a) Qwen2-0.5B full size, Liger off, 2 processes"
-  $LAUNCH2 benchmarks/train_throughput.py --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b --liger off \
-    --checkpoint /tmp/qwen2-0.5b --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|Error|error" | tail -5
+  step "(a) Qwen2-0.5B full size, recipe, 2 processes, built-in conversations (loss must fall)"
+  $LAUNCH2 benchmarks/train_throughput.py --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b --workload builtin \
+    --steps 20 --checkpoint /tmp/qwen2-0.5b --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|Error|error" | tail -5
   step "(b) gpt-oss full width, 4 layers, MXFP4 checkpoint loaded with dequantize, 2 processes"
   $LAUNCH2 benchmarks/train_throughput.py --recipe recipes/gpt-oss-20b.yaml --arch gpt-oss-20b --layers 4 \
     --checkpoint /tmp/gpt-oss-4l --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|built|Error|error" | tail -5
+  $LAUNCH2 benchmarks/train_throughput.py --recipe recipes/gpt-oss-20b.yaml --arch gpt-oss-20b --layers 4 \
+    --workload builtin --steps 20 --checkpoint /tmp/gpt-oss-4l --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|Error|error" | tail -5
   step "the tiny default's stages on 2 GPUs: fetch, split, train (accelerate, 2 processes), merge, evaluate"
   python3 -m stages.fetch > "$OUT/tiny.log" 2>&1 && python3 -m stages.split >> "$OUT/tiny.log" 2>&1 \
     && $LAUNCH2 -m stages.train >> "$OUT/tiny.log" 2>&1 && python3 -m stages.merge >> "$OUT/tiny.log" 2>&1 \
@@ -44,9 +51,9 @@ parallel)
   ;;
 gpt-oss-20b)
   step "seed baseline, gpt-oss-20b, 1 GPU"
-  python3 "$SEED_BASELINE" --recipe gpt-oss-20b --out "$OUT/seed.jsonl" 2>&1 | tail -3
+  CUDA_VISIBLE_DEVICES=0 python3 "$SEED_BASELINE" --recipe gpt-oss-20b --out "$OUT/seed.jsonl" 2>&1 | tail -1
   step "(c) gpt-oss-20b full size: build MXFP4 checkpoint, load with dequantize, train, 1 GPU"
-  python3 benchmarks/train_throughput.py --recipe recipes/gpt-oss-20b.yaml --arch gpt-oss-20b --steps 6 \
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/train_throughput.py --recipe recipes/gpt-oss-20b.yaml --arch gpt-oss-20b --steps 6 \
     --checkpoint /tmp/gpt-oss-20b --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|built|Error|error" | tail -5
   ;;
 esac

@@ -23,7 +23,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lora_pipeline.params import StageParams, validate  # noqa: E402
-from lora_pipeline.modeling import apply_liger, load_model, lora_config  # noqa: E402
+from lora_pipeline.modeling import apply_liger, load_model, lora_config, training_device_map  # noqa: E402
 
 # The seed baseline's standard workloads (same generator, same seeds).
 WORKLOADS = {
@@ -40,6 +40,25 @@ def workload(n, median, sigma, lo, hi, vocab, seed):
         length = int(min(hi, max(lo, math.exp(math.log(median) + sigma * rng.gauss(0, 1)))))
         rows.append({"input_ids": [rng.randrange(3, vocab) for _ in range(length)]})
     return rows
+
+
+def builtin_workload(n: int, seed: int) -> list[dict]:
+    """The built-in multilingual reasoning conversations as token ids (a BPE trained on them, ids < 1024): a
+    workload with structure, so the loss of a randomly initialised model visibly falls."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from lora_pipeline import builtin_data
+    from lora_pipeline.chat import conversation
+    from lora_pipeline.tiny_models import tokenizer_corpus, train_tokenizer
+
+    rows = builtin_data.generate(n, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        train_tokenizer(tokenizer_corpus(rows), 1024, "tiny-qwen2", Path(tmp))
+        tok = AutoTokenizer.from_pretrained(tmp)
+    return [{"input_ids": list(tok.apply_chat_template(conversation(r), tokenize=True, return_dict=True)["input_ids"])}
+            for r in rows]
 
 
 def build_checkpoint(arch: str, layers: int | None, out: Path) -> None:
@@ -85,6 +104,8 @@ def main():
     parser.add_argument("--arch", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--layers", type=int, help="reduced depth (default: the real one)")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps after warm-up")
+    parser.add_argument("--workload", choices=["standard", "builtin"], default="standard",
+                        help="standard: the seed baseline's random token ids (for tokens/s); builtin: real text")
     parser.add_argument("--liger", choices=["recipe", "on", "off"], default="recipe")
     parser.add_argument("--checkpoint", default="/tmp/bench-base", help="where the random-init model is written")
     parser.add_argument("--out", help="append the JSON line to this file")
@@ -110,7 +131,7 @@ def main():
     state.wait_for_everyone()
 
     start = time.perf_counter()
-    model = load_model(checkpoint, model_p)
+    model = load_model(checkpoint, model_p, device_map=training_device_map())
     load_s = time.perf_counter() - start
     model.config.use_cache = False
     wanted = {"recipe": train_p.liger, "on": True, "off": False}[args.liger]
@@ -125,9 +146,10 @@ def main():
             if s.global_step in (warm, warm + args.steps):
                 marks[s.global_step] = (time.perf_counter(), tokens[0])
 
+    rows = workload(**WORKLOADS[args.arch]) if args.workload == "standard" else builtin_workload(2000, 0)
     config = SFTConfig(output_dir="/tmp/bench-out", report_to="none", save_strategy="no",
                        gradient_checkpointing_kwargs={"use_reentrant": False}, dataloader_pin_memory=False, **sft)
-    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(workload(**WORKLOADS[args.arch])),
+    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows),
                          processing_class=AutoTokenizer.from_pretrained(checkpoint), peft_config=lora_config(lora_p),
                          callbacks=[Clock()])
     inner = trainer.data_collator
@@ -145,6 +167,7 @@ def main():
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if state.is_main_process:
         row = {"arch": args.arch, "layers": args.layers or "full", "recipe": args.recipe, "processes": state.num_processes,
+               "workload": args.workload,
                "tokens_per_s": round(float(gathered[:, 0].sum() / gathered[:, 1].max())),
                "step_s": round(float(gathered[:, 1].max()) / args.steps, 3),
                "peak_gib_per_gpu": [round(float(x), 1) for x in gathered[:, 2]], "load_s": round(load_s, 1),

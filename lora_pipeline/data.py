@@ -18,11 +18,10 @@ def load_rows(data_params) -> list[dict]:
     if data_params.source == "hub":
         dataset = datasets.load_dataset(data_params.name, revision=data_params.revision, split=data_params.hub_split)
     else:
+        from lora_pipeline.checks import check_data
+
+        check_data(data_params)
         path = Path(data_params.name)
-        if not path.is_file():
-            raise FileNotFoundError(f"data.name: local data file {path} does not exist")
-        if path.suffix not in LOCAL_FORMATS:
-            raise ValueError(f"data.name: {path} has suffix '{path.suffix}'; supported: {sorted(LOCAL_FORMATS)}")
         extra = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
         dataset = datasets.load_dataset(LOCAL_FORMATS[path.suffix], data_files=str(path), split="train", **extra)
     rows = dataset.to_list()

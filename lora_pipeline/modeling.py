@@ -39,6 +39,18 @@ def load_model(path: str | Path, model_params, quantized: bool | None = None, **
     return AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
 
 
+def training_device_map():
+    """With one replica per GPU (no FSDP/DeepSpeed sharding), load each process's copy straight onto its GPU,
+    so 8 processes do not each stage a 42 GB gpt-oss-20b in CPU memory first."""
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType
+
+    state = PartialState()
+    if torch.cuda.is_available() and state.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU):
+        return {"": state.local_process_index}
+    return None
+
+
 def lora_config(lora_params):
     """peft.LoraConfig from the `lora` params section (field names are peft's own)."""
     from peft import LoraConfig

@@ -166,16 +166,16 @@ def save_mxfp4_checkpoint(model, out_dir, *, max_shard_size: int = 5 * 2**30) ->
         if key in seen and t.numel() > 0:  # tied weights (e.g. lm_head -> embed_tokens)
             continue
         seen[key] = name
-        t = t.detach().to("cpu")
+        t = t.detach()  # quantized where it lives: on a GPU a 20B model's experts take seconds, not minutes
         if _is_expert_param(name):
             if t.ndim != 3:
                 raise ValueError(f"{name}: expected a 3-D [experts, in, out] tensor, got shape {tuple(t.shape)}")
             blocks, scales = quantize_mxfp4(t.transpose(1, 2))  # [E, in, out] -> on-disk [E, out, in]
-            tensors[f"{name}_blocks"] = blocks.contiguous()
-            tensors[f"{name}_scales"] = scales.contiguous()
+            tensors[f"{name}_blocks"] = blocks.contiguous().cpu()
+            tensors[f"{name}_scales"] = scales.contiguous().cpu()
             n_experts += 1
         else:
-            tensors[name] = (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous().clone()
+            tensors[name] = (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous().cpu().clone()
     if n_experts == 0:
         raise ValueError("no `mlp.experts.gate_up_proj` / `mlp.experts.down_proj` params found: not a gpt-oss model?")
     _write_shards(tensors, out, max_shard_size)

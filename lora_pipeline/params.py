@@ -129,6 +129,13 @@ class Lora(_Section):
     target_parameters: list[str] = []  # e.g. gpt-oss experts: mlp.experts.gate_up_proj, mlp.experts.down_proj
     bias: Literal["none", "all", "lora_only"] = "none"
 
+    @model_validator(mode="after")
+    def _dropout_with_parameters(self):
+        if self.target_parameters and self.lora_dropout:
+            raise ValueError(f"peft's LoRA on parameters (target_parameters {self.target_parameters}) needs "
+                             f"lora_dropout 0, got {self.lora_dropout}")
+        return self
+
 
 class Mgsm(_Section):
     path: str = ""  # folder of mgsm_<lang>.tsv files, "hub" for juletxara/mgsm, or empty to skip

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
+from lora_pipeline.checks import check_eval
 from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.data import read_jsonl
-from lora_pipeline.metrics import (LANGUAGE_NAMES, answer_correct, detect_language, generate, heldout_loss,
-                                   mgsm_files, read_mgsm)
+from lora_pipeline.metrics import LANGUAGE_NAMES, answer_correct, detect_language, generate, heldout_loss, read_mgsm
 from lora_pipeline.modeling import device, load_model, load_tokenizer
 from lora_pipeline.params import load_params
 from lora_pipeline.report import plot_report
@@ -25,12 +25,7 @@ DEMO = [{"role": "system", "content": "reasoning language: German"},
 
 params = load_params("evaluate")
 ev = params.eval
-# Check every input before loading a model.
-unknown = [lang for lang in ev.languages + (ev.mgsm.languages if ev.mgsm.path else []) if lang not in LANGUAGE_NAMES]
-if unknown:
-    raise SystemExit(f"eval.languages / eval.mgsm.languages: unknown codes {unknown}; known: {sorted(LANGUAGE_NAMES)}")
-if ev.mgsm.path and ev.mgsm.path != "hub":
-    mgsm_files(ev.mgsm.path, ev.mgsm.languages)
+check_eval(ev)  # every input, before loading a model
 test_rows = read_jsonl(TEST)
 heldout = [conversation(r) for r in test_rows[: ev.loss_rows or None]]
 questions = [r for r in test_rows if any(m["role"] == "user" for m in r["messages"])][: ev.prompts]

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+from lora_pipeline.checks import check_model
 from lora_pipeline.data import load_rows, write_jsonl
 from lora_pipeline.params import load_params
 
@@ -38,7 +39,6 @@ elif model.source == "hub":
                       allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"],
                       ignore_patterns=["original/*", "metal/*"])
 else:
-    if not Path(model.name, "config.json").is_file():
-        raise FileNotFoundError(f"model.name: {model.name} is not a model folder (no config.json)")
+    check_model(model)
     shutil.copytree(model.name, BASE)
 print(f"model: {model.source} {model.name} -> {BASE}")

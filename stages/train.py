@@ -15,7 +15,7 @@ from trl import SFTConfig, SFTTrainer
 
 from lora_pipeline.chat import conversation
 from lora_pipeline.data import read_jsonl
-from lora_pipeline.modeling import apply_liger, load_model, load_tokenizer, lora_config
+from lora_pipeline.modeling import apply_liger, load_model, load_tokenizer, lora_config, training_device_map
 from lora_pipeline.params import load_params
 
 BASE, TRAIN, ADAPTER = Path("models/base"), Path("data/split/train.jsonl"), Path("models/adapter")
@@ -28,7 +28,7 @@ if not on_gpu and (sft["bf16"] or sft["fp16"]):
     raise SystemExit("train.sft.bf16/fp16 need a GPU; set both to false to train on the CPU")
 
 tokenizer = load_tokenizer(BASE)
-model = load_model(BASE, params.model)
+model = load_model(BASE, params.model, device_map=training_device_map())
 model.config.use_cache = False
 liger = apply_liger(model, params.train.liger)
 train_set = Dataset.from_list([{"messages": conversation(row)} for row in read_jsonl(TRAIN)])

@@ -32,12 +32,16 @@ def git_env() -> dict:
             "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"}
 
 
+def run_env(**extra) -> dict:
+    """The environment for a command under test: this Python's tools first on PATH, no outside MLflow/DVC state."""
+    env = {k: v for k, v in git_env().items() if k not in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME")}
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    return {**env, **extra}
+
+
 def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: int = 900) -> str:
-    """Run a command with the test's Python environment on PATH; fail the test with its output if it fails."""
-    bin_dir = str(Path(sys.executable).parent)
-    full_env = {k: v for k, v in git_env().items() if k not in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME")}
-    full_env.update(PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""), **(env or {}))
-    proc = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    """Run a command in run_env(); fail the test with its output if it fails."""
+    proc = subprocess.run(cmd, cwd=cwd, env=run_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{output[-6000:]}")

@@ -10,7 +10,7 @@ def test_two_process_data_parallel_training(repo, tmp_path):
     copy = tmp_path / "ddp"
     shutil.copytree(source, copy, ignore=shutil.ignore_patterns("cache", "mlflow.db", "mlartifacts"))
     set_params(copy, **{"train.accelerate_config": "cpu_ddp", "train.sft.max_steps": 6,
-                        "train.sft.logging_steps": 1})
+                        "train.sft.logging_steps": 1, "train.liger": True})
     output = run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu_ddp.yaml", "-m", "stages.train"],
                  copy)
     metrics = json.loads((copy / "metrics/train.json").read_text())
@@ -19,3 +19,7 @@ def test_two_process_data_parallel_training(repo, tmp_path):
     # one global batch = per-device batch x 2 processes: both ranks fed tokens into the count
     assert metrics["tokens"] > 0 and (copy / "models/adapter/adapter_model.safetensors").is_file()
     assert output.count('"world_size": 2') == 1  # rank 0 alone writes and prints the metrics
+    # Liger was asked for on a machine without a GPU: declined, said so, and recorded
+    info = json.loads((copy / "models/adapter/training_info.json").read_text())
+    assert info["liger"] == {"applied": False, "reason": "Liger kernels need a CUDA GPU; none is present", "kernels": []}
+    assert "Liger requested but not applied" in output and metrics["liger_applied"] == 0

@@ -42,6 +42,16 @@ def test_bad_value_names_the_key(key, value, fragment):
         validate(raw)
 
 
+def test_lora_on_parameters_needs_no_dropout():
+    raw = shipped()
+    raw["lora"]["target_parameters"] = ["mlp.experts.gate_up_proj"]
+    raw["lora"]["lora_dropout"] = 0.05
+    with pytest.raises(ParamsError, match="needs lora_dropout 0"):
+        validate(raw)
+    raw["lora"]["lora_dropout"] = 0.0
+    assert validate(raw).lora.target_parameters == ["mlp.experts.gate_up_proj"]
+
+
 def test_unknown_key_is_rejected():
     raw = shipped()
     raw["lora"]["rank"] = 16  # a typo for lora.r must not be silently ignored

@@ -1,12 +1,13 @@
 """The whole pipeline, for real, on the tiny default: dvc repro, an experiment, MLflow, and the champion."""
 import json
 import re
+import subprocess
 
 import pytest
 
-from conftest import MGSM, run
+from conftest import MGSM, run, run_env
 
-STAGES = ["fetch", "split", "train", "merge", "evaluate", "register"]
+STAGES = ["validate", "fetch", "split", "train", "merge", "evaluate", "register"]
 
 
 def ran_stages(output: str) -> list[str]:
@@ -54,13 +55,32 @@ def test_register_is_idempotent_for_the_same_model(repo):
     assert json.loads((repo / "models/registered.json").read_text())["version"] == 1
 
 
+def test_bad_param_fails_first_and_keeps_every_output(repo):
+    repo, _ = repo
+    before = {p: (repo / p).read_bytes() for p in ("models/adapter/adapter_model.safetensors", "metrics/train.json",
+                                                   "plots/train_loss.csv", "metrics/eval.json")}
+    proc = subprocess.run(["dvc", "exp", "run", "-S", "lora.r=0"], cwd=repo, capture_output=True, text=True,
+                          env=run_env())
+    assert proc.returncode != 0
+    assert "lora.r: Input should be greater than or equal to 1 (got 0)" in proc.stdout + proc.stderr
+    assert ran_stages(proc.stdout + proc.stderr) == ["validate"]
+    assert {p: (repo / p).read_bytes() for p in before} == before
+    run(["git", "checkout", "params.yaml"], repo)
+
+
 def test_experiment_reruns_only_what_lora_r_affects(repo):
     repo, _ = repo
     output = run(["dvc", "exp", "run", "-S", "lora.r=16", "-n", "r16"], repo)
-    assert ran_stages(output) == ["train", "merge", "evaluate", "register"]
+    # validate checks every params change first; of the pipeline's work, only what lora.r affects re-runs
+    assert ran_stages(output) == ["validate", "train", "merge", "evaluate", "register"]
     assert "Stage 'fetch' didn't change, skipping" in output and "Stage 'split' didn't change, skipping" in output
     registered = json.loads((repo / "models/registered.json").read_text())
     assert registered["version"] == 2 and "candidate" in registered["aliases"]
+    # @champion moves to v2 only if its gate metric (compliance) beats v1's
+    v1 = json.loads(run(["git", "show", "HEAD:metrics/eval.json"], repo))["compliance"]["overall"]
+    v2 = json.loads((repo / "metrics/eval.json").read_text())["compliance"]["overall"]
+    assert registered["gate"]["champion_value"] == v1 and registered["gate"]["promote"] == (v2 > v1)
+    assert ("champion" in registered["aliases"]) == (v2 > v1)
     shown = json.loads(run(["dvc", "exp", "show", "--json"], repo))
     rows = {}
     for commit in shown:

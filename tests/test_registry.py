@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import run
+from conftest import run, set_params
 
 
 def test_run_has_provenance_and_step_metrics(repo):
@@ -29,6 +29,10 @@ def test_run_has_provenance_and_step_metrics(repo):
     steps = client.get_metric_history(run_.info.run_id, "train.step_loss")
     assert len(steps) > 5 and steps[0].step < steps[-1].step
     assert run_.data.tags["gate.decision"] == "champion"
+    assert run_.data.tags["dvc_exp_name"] == "workspace"  # `dvc repro`, not an experiment
+    experiment = client.get_run(client.get_model_version("lora-pipeline", "2").run_id)  # dvc exp run -n r16
+    assert experiment.data.tags["dvc_exp_name"] == "r16" and experiment.info.run_name == "r16"
+    assert experiment.data.params["lora.r"] == "16"
 
 
 def test_champion_loads_through_pyfunc_and_generates(repo):
@@ -86,3 +90,23 @@ def test_register_against_a_tracking_server(repo, tmp_path):
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
         (repo / "models/registered.json").write_text(saved)
+
+
+def test_adapter_mode_registers_a_pyfunc_that_loads_its_base(repo, tmp_path):
+    """For models too big to copy: only the adapter is logged, with a reference to its base."""
+    import mlflow
+
+    repo, _ = repo
+    saved = {p: (repo / p).read_text() for p in ("params.yaml", "models/registered.json")}
+    try:
+        set_params(repo, **{"register.log_mode": "adapter", "register.model_name": "lora-adapter"})
+        output = run([sys.executable, "-m", "stages.register"], repo)
+        assert "registered lora-adapter v1" in output
+        mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+        model = mlflow.pyfunc.load_model("models:/lora-adapter@champion")
+        text = model.predict(["<|im_start|>system\nreasoning language: German<|im_end|>\n<|im_start|>user\n"
+                              "Anna hat 5 Äpfel.<|im_end|>\n<|im_start|>assistant\n"], params={"max_new_tokens": 16})
+        assert isinstance(text[0], str) and text[0].strip()
+    finally:
+        for path, content in saved.items():
+            (repo / path).write_text(content)

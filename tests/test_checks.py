@@ -1,0 +1,39 @@
+"""Input checks that the validate stage runs before any other stage."""
+import pytest
+
+from conftest import MGSM
+from lora_pipeline.checks import check_data, check_eval, check_model, check_register
+from lora_pipeline.params import Data, Eval, Mgsm, Model, Register
+
+
+def test_local_data_and_model_must_exist(tmp_path):
+    with pytest.raises(FileNotFoundError, match="data.name: .*nope.jsonl does not exist"):
+        check_data(Data(source="local", name=str(tmp_path / "nope.jsonl")))
+    (tmp_path / "rows.xlsx").write_text("x")
+    with pytest.raises(ValueError, match="data.name: .*rows.xlsx has suffix"):
+        check_data(Data(source="local", name=str(tmp_path / "rows.xlsx")))
+    with pytest.raises(FileNotFoundError, match="model.name: .* no config.json"):
+        check_model(Model(source="local", name=str(tmp_path)))
+    check_data(Data())  # builtin needs no file
+    check_model(Model())
+
+
+def test_eval_languages_and_mgsm_files(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown codes \['xx'\]"):
+        check_eval(Eval(languages=["de", "xx"]))
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        check_eval(Eval(mgsm=Mgsm(path=str(tmp_path / "missing"))))
+    check_eval(Eval(mgsm=Mgsm(path="")))  # skipped
+
+
+@pytest.mark.skipif(not MGSM.is_dir(), reason=f"MGSM not at {MGSM}")
+def test_mgsm_language_without_its_file():
+    check_eval(Eval(mgsm=Mgsm(path=str(MGSM), languages=["de", "zh", "ru"])))
+    with pytest.raises(FileNotFoundError, match="mgsm_sw.tsv"):
+        check_eval(Eval(mgsm=Mgsm(path=str(MGSM), languages=["de", "sw"])))
+
+
+def test_gate_metric_names_its_metrics_file():
+    check_register(Register(gate_metric="eval.test.loss"))
+    with pytest.raises(ValueError, match="register.gate_metric 'compliance.overall'"):
+        check_register(Register(gate_metric="compliance.overall"))

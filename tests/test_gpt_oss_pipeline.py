@@ -1,0 +1,40 @@
+"""The whole pipeline on a tiny gpt-oss stored in MXFP4, loaded as openai/gpt-oss-20b is: Mxfp4Config(dequantize=True)."""
+import json
+
+from safetensors import safe_open
+
+from conftest import copy_repo, run, set_params
+
+
+def test_tiny_mxfp4_gpt_oss_runs_the_whole_pipeline(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    set_params(repo, **{
+        "model.source": "tiny-gpt-oss", "model.attn_implementation": "eager", "model.mxfp4_dequantize": True,
+        "model.tiny.pretrain_steps": 150, "data.builtin_rows": 800,
+        "lora.target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], "lora.lora_dropout": 0.0,
+        "train.sft.max_steps": 60, "eval.prompts": 4, "eval.max_new_tokens": 96,
+        "register.model_name": "tiny-gpt-oss"})
+    output = run(["dvc", "repro"], repo)
+    assert "Running stage 'register'" in output
+
+    base_config = json.loads((repo / "models/base/config.json").read_text())
+    assert base_config["model_type"] == "gpt_oss"
+    assert base_config["quantization_config"]["quant_method"] == "mxfp4"
+    with safe_open(repo / "models/base/model.safetensors", "pt") as f:
+        keys = list(f.keys())
+        blocks = [k for k in keys if k.endswith("mlp.experts.gate_up_proj_blocks")]
+        assert blocks and str(f.get_tensor(blocks[0]).dtype) == "torch.uint8"
+        assert not any(k.endswith("mlp.experts.gate_up_proj") for k in keys)
+
+    adapter = json.loads((repo / "models/adapter/adapter_config.json").read_text())
+    assert set(adapter["target_parameters"]) == {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}
+    assert any(m.endswith("self_attn.q_proj") for m in adapter["target_modules"])  # all-linear: attention
+    merged_config = json.loads((repo / "models/merged/config.json").read_text())
+    assert "quantization_config" not in merged_config  # the merge is saved dequantized
+    assert json.loads((repo / "metrics/merge.json").read_text())["relative_logit_diff"] < 1e-4
+
+    ev = json.loads((repo / "metrics/eval.json").read_text())
+    assert ev["test"]["loss"] < 0.7 * ev["base"]["test"]["loss"], ev
+    assert "<|channel|>analysis<|message|>" in (repo / "reports/demo.txt").read_text()  # harmony format
+    registered = json.loads((repo / "models/registered.json").read_text())
+    assert registered["model_name"] == "tiny-gpt-oss" and "champion" in registered["aliases"]
