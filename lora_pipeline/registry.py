@@ -9,13 +9,17 @@ import mlflow
 import yaml
 from mlflow import MlflowClient
 
+from lora_pipeline.params import flat_keys
+
+
+def _repo(root: Path) -> Path:
+    """The repository that holds the local store: DVC's temp experiment runs point DVC_ROOT at their parent."""
+    return Path(os.environ.get("DVC_ROOT") or root).resolve()
+
 
 def tracking_uri(root: Path) -> str:
-    """MLFLOW_TRACKING_URI if set, else a sqlite store in the repository (the parent repo for DVC's temp runs)."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    repo = Path(os.environ.get("DVC_ROOT") or root).resolve()
-    return f"sqlite:///{repo / 'mlflow.db'}"
+    """MLFLOW_TRACKING_URI if set, else a sqlite store in the repository."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{_repo(root) / 'mlflow.db'}"
 
 
 def use_experiment(name: str, root: Path) -> str:
@@ -25,7 +29,7 @@ def use_experiment(name: str, root: Path) -> str:
     if mlflow.get_experiment_by_name(name) is None:
         location = None
         if uri.startswith("sqlite:"):
-            location = (Path(os.environ.get("DVC_ROOT") or root).resolve() / "mlartifacts").as_uri()
+            location = (_repo(root) / "mlartifacts").as_uri()
         mlflow.create_experiment(name, artifact_location=location)
     mlflow.set_experiment(name)
     return uri
@@ -39,18 +43,8 @@ def lock_provenance(lock_path: Path) -> tuple[dict, dict]:
         for out in stage.get("outs", []):
             md5s[out["path"]] = out.get("md5", "")
         for values in stage.get("params", {}).values():
-            params.update(_flatten(values))
+            params.update(flat_keys(values))
     return md5s, params
-
-
-def _flatten(tree, prefix=""):
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value and key != "lr_scheduler_kwargs":
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def git_commit(root: Path) -> str:

@@ -9,6 +9,9 @@ import json
 import os
 from pathlib import Path
 
+# Everything registered is on disk; offline, MLflow does not wait ~30 s for a Hub model card it cannot use.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 import mlflow
 from mlflow import MlflowClient
 
@@ -35,7 +38,10 @@ model_md5 = md5s.get(model_dir, "")
 existing = registry.find_version_by_tag(client, reg.model_name, "model_md5", model_md5) if model_md5 else None
 if existing is not None:
     print(f"{model_dir} (md5 {model_md5}) is already version {existing.version} of {reg.model_name}; nothing to register")
-    version, run_id, decision = existing, existing.run_id, {"promote": None, "reason": "already registered"}
+    tags = client.get_run(existing.run_id).data.tags
+    version, run_id = existing, existing.run_id
+    decision = {"promote": tags.get("gate.decision") == "champion",
+                "reason": f"already registered; then: {tags.get('gate.reason')}"}
 else:
     tags = {"git_commit": registry.git_commit(ROOT), "dvc_exp_name": os.environ.get("DVC_EXP_NAME", "workspace"),
             "model_md5": model_md5, **{f"md5.{path}": md5 for path, md5 in md5s.items()}}

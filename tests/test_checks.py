@@ -12,7 +12,7 @@ def test_local_data_and_model_must_exist(tmp_path):
     (tmp_path / "rows.xlsx").write_text("x")
     with pytest.raises(ValueError, match="data.name: .*rows.xlsx has suffix"):
         check_data(Data(source="local", name=str(tmp_path / "rows.xlsx")))
-    with pytest.raises(FileNotFoundError, match="model.name: .* no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"model.name: .* is not a model folder \(no config.json\)"):
         check_model(Model(source="local", name=str(tmp_path)))
     check_data(Data())  # builtin needs no file
     check_model(Model())

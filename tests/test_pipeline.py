@@ -96,3 +96,15 @@ def test_experiment_reruns_only_what_lora_r_affects(repo):
     baseline = next(c for c in shown if c["rev"] != "workspace")
     assert baseline["data"]["params"]["params.yaml"]["data"]["lora"]["r"] == 8
     assert "test" in baseline["data"]["metrics"]["metrics/eval.json"]["data"]
+
+
+def test_liger_toggle_touches_train_and_nothing_before(repo):
+    repo, _ = repo
+    params = (repo / "params.yaml").read_text()
+    try:
+        (repo / "params.yaml").write_text(params.replace("liger: false", "liger: true"))
+        status = json.loads(run(["dvc", "status", "--json"], repo))
+        assert "train" in status and "fetch" not in status and "split" not in status, status
+        assert "merge" not in status  # its own params are unchanged; it re-runs once train's outputs change
+    finally:
+        (repo / "params.yaml").write_text(params)
