@@ -19,6 +19,13 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _require_name(section):
+    """data and model: a Hub id or a local path is needed unless the source is built here."""
+    if section.source in ("hub", "local") and not section.name:
+        raise ValueError(f"name is required when source is '{section.source}'")
+    return section
+
+
 class TinyModel(_Section):
     """Architecture of the tiny offline base model (model.source tiny-qwen2 / tiny-gpt-oss)."""
     vocab_size: int = Field(1024, ge=300)
@@ -58,9 +65,7 @@ class Data(_Section):
 
     @model_validator(mode="after")
     def _name_when_needed(self):
-        if self.source in ("hub", "local") and not self.name:
-            raise ValueError(f"name is required when source is '{self.source}'")
-        return self
+        return _require_name(self)
 
 
 class Model(_Section):
@@ -74,9 +79,7 @@ class Model(_Section):
 
     @model_validator(mode="after")
     def _name_when_needed(self):
-        if self.source in ("hub", "local") and not self.name:
-            raise ValueError(f"name is required when source is '{self.source}'")
-        return self
+        return _require_name(self)
 
 
 class Split(_Section):
