@@ -64,6 +64,13 @@ def find_version_by_tag(client: MlflowClient, model_name: str, key: str, value: 
     return next((v for v in versions if v.tags.get(key) == value), None)
 
 
+def find_run_by_tag(client: MlflowClient, experiment: str, key: str, value: str):
+    """The run of `experiment` whose tag `key` equals `value`, or None."""
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.{key} = '{value}'", max_results=1) if exp else []
+    return runs[0] if runs else None
+
+
 def champion_decision(client: MlflowClient, model_name: str, metric: str, value: float,
                       greater_is_better: bool) -> dict:
     """Whether a new version with gate `metric` = `value` beats the current @champion (which may not exist)."""

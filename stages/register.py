@@ -2,9 +2,11 @@
 
     python -m stages.register
 The new version gets the alias `candidate`; it becomes `champion` only if register.gate_metric beats the
-current champion's. Re-running for a model already registered (same md5 in dvc.lock) registers nothing new.
+current champion's. Outputs already logged (same md5s in dvc.lock) log nothing; a new run whose model is
+already registered (e.g. only eval params changed) logs its run and links the existing version.
 """
 import csv
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -32,19 +34,21 @@ if reg.gate_metric not in metrics:
 uri = registry.use_experiment(reg.experiment, ROOT)
 client = MlflowClient()
 md5s, run_params = registry.lock_provenance(ROOT / "dvc.lock")
+md5s.pop(str(OUT), None)
 model_dir = "models/merged" if reg.log_mode == "merged" else "models/adapter"
 model_md5 = md5s.get(model_dir, "")
+# This pipeline run: every output it produced, and how it is to be registered.
+pipeline_md5 = hashlib.md5(json.dumps([md5s, reg.to_dict()], sort_keys=True).encode()).hexdigest()
 
-existing = registry.find_version_by_tag(client, reg.model_name, "model_md5", model_md5) if model_md5 else None
-if existing is not None:
-    print(f"{model_dir} (md5 {model_md5}) is already version {existing.version} of {reg.model_name}; nothing to register")
-    tags = client.get_run(existing.run_id).data.tags
-    version, run_id = existing, existing.run_id
-    decision = {"promote": tags.get("gate.decision") == "champion",
-                "reason": f"already registered; then: {tags.get('gate.reason')}"}
+logged = registry.find_run_by_tag(client, reg.experiment, "pipeline_md5", pipeline_md5)
+if logged is not None:  # this very pipeline run is in MLflow already
+    print(f"run {logged.info.run_id} already holds these outputs (pipeline md5 {pipeline_md5}); nothing to log")
+    run_id, tags = logged.info.run_id, logged.data.tags
+    version = client.get_model_version(reg.model_name, tags["registered_version"])
+    decision = {"promote": tags.get("gate.decision") == "champion", "reason": tags.get("gate.reason")}
 else:
     tags = {"git_commit": registry.git_commit(ROOT), "dvc_exp_name": os.environ.get("DVC_EXP_NAME", "workspace"),
-            "model_md5": model_md5, **{f"md5.{path}": md5 for path, md5 in md5s.items()}}
+            "model_md5": model_md5, "pipeline_md5": pipeline_md5, **{f"md5.{path}": md5 for path, md5 in md5s.items()}}
     with mlflow.start_run(run_name=os.environ.get("DVC_EXP_NAME")) as run:
         mlflow.set_tags(tags)
         mlflow.log_params({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in run_params.items()})
@@ -55,21 +59,25 @@ else:
         for artifact in ARTIFACTS:
             if artifact.is_file():
                 mlflow.log_artifact(str(artifact))
-        if reg.log_mode == "merged":
-            info = registry.log_merged_model(Path(model_dir))
+        version = registry.find_version_by_tag(client, reg.model_name, "model_md5", model_md5)
+        if version is not None:  # e.g. only eval params changed: a new run, the same model
+            decision = {"promote": False, "reason": f"model already registered as v{version.version}"}
         else:
-            info = registry.log_adapter_model(Path(model_dir), model_params)
-        decision = registry.champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
-                                              reg.gate_greater_is_better)
-        version = mlflow.register_model(info.model_uri, reg.model_name, tags={"model_md5": model_md5})
-        client.set_registered_model_alias(reg.model_name, "candidate", version.version)
-        if decision["promote"]:
-            client.set_registered_model_alias(reg.model_name, "champion", version.version)
+            if reg.log_mode == "merged":
+                info = registry.log_merged_model(Path(model_dir))
+            else:
+                info = registry.log_adapter_model(Path(model_dir), model_params)
+            decision = registry.champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
+                                                  reg.gate_greater_is_better)
+            version = mlflow.register_model(info.model_uri, reg.model_name, tags={"model_md5": model_md5})
+            client.set_registered_model_alias(reg.model_name, "candidate", version.version)
+            if decision["promote"]:
+                client.set_registered_model_alias(reg.model_name, "champion", version.version)
         mlflow.set_tags({"gate.decision": "champion" if decision["promote"] else "candidate",
                          "gate.reason": decision["reason"], "registered_version": version.version})
         mlflow.log_dict(decision, "gate_decision.json")
         run_id = run.info.run_id
-    print(f"registered {reg.model_name} v{version.version}: {decision['reason']}")
+    print(f"logged run {run_id}; {reg.model_name} v{version.version}: {decision['reason']}")
 
 aliases = client.get_model_version(reg.model_name, version.version).aliases
 OUT.write_text(json.dumps({"model_name": reg.model_name, "version": int(version.version),

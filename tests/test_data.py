@@ -49,11 +49,3 @@ def test_local_files_of_every_format(tmp_path, suffix):
     assert len(rows) == len(ROWS)
     assert rows[3]["messages"][2]["thinking"] == ROWS[3]["messages"][2]["thinking"]
     assert rows[3]["messages"][1]["content"] == ROWS[3]["messages"][1]["content"]
-
-
-def test_local_file_errors_name_the_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
-        load_rows(Data(source="local", name=str(tmp_path / "missing.jsonl")))
-    (tmp_path / "data.xlsx").write_text("x")
-    with pytest.raises(ValueError, match="data.xlsx"):
-        load_rows(Data(source="local", name=str(tmp_path / "data.xlsx")))

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import MGSM, run, run_env
+from conftest import MGSM, run, run_env, set_params
 
 STAGES = ["validate", "fetch", "split", "train", "merge", "evaluate", "register"]
 
@@ -51,8 +51,9 @@ def test_register_is_idempotent_for_the_same_model(repo):
     first = json.loads((repo / "models/registered.json").read_text())
     assert first["version"] == 1 and set(first["aliases"]) == {"candidate", "champion"}
     output = run(["dvc", "repro", "-f", "-s", "register"], repo)
-    assert "already version 1" in output
-    assert json.loads((repo / "models/registered.json").read_text())["version"] == 1
+    assert "already holds these outputs" in output
+    again = json.loads((repo / "models/registered.json").read_text())
+    assert again["version"] == 1 and again["run_id"] == first["run_id"]
 
 
 def test_bad_param_fails_first_and_keeps_every_output(repo):
@@ -106,5 +107,25 @@ def test_liger_toggle_touches_train_and_nothing_before(repo):
         status = json.loads(run(["dvc", "status", "--json"], repo))
         assert "train" in status and "fetch" not in status and "split" not in status, status
         assert "merge" not in status  # its own params are unchanged; it re-runs once train's outputs change
+    finally:
+        (repo / "params.yaml").write_text(params)
+
+
+def test_new_evaluation_of_the_same_model_logs_a_run_but_no_version(repo):
+    import mlflow
+
+    repo, _ = repo
+    params = (repo / "params.yaml").read_text()
+    before = json.loads((repo / "models/registered.json").read_text())
+    try:
+        set_params(repo, **{"eval.prompts": 4})
+        output = run(["dvc", "repro"], repo)
+        assert ran_stages(output) == ["validate", "evaluate", "register"]
+        after = json.loads((repo / "models/registered.json").read_text())
+        assert after["version"] == before["version"] and after["run_id"] != before["run_id"]
+        assert after["gate"]["reason"] == f"model already registered as v{before['version']}"
+        mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+        versions = mlflow.MlflowClient().search_model_versions("name = 'lora-pipeline'")
+        assert len(versions) == 2  # the default's and r16's
     finally:
         (repo / "params.yaml").write_text(params)

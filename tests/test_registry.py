@@ -78,7 +78,7 @@ def test_register_against_a_tracking_server(repo, tmp_path):
                 time.sleep(0.5)
         saved = (repo / "models/registered.json").read_text()
         output = run([sys.executable, "-m", "stages.register"], repo, env={"MLFLOW_TRACKING_URI": uri})
-        assert "registered lora-pipeline v1" in output
+        assert "lora-pipeline v1: no champion yet" in output
         registered = json.loads((repo / "models/registered.json").read_text())
         assert registered["tracking_uri"] == uri and "champion" in registered["aliases"]
         mlflow.set_tracking_uri(uri)
@@ -101,7 +101,7 @@ def test_adapter_mode_registers_a_pyfunc_that_loads_its_base(repo, tmp_path):
     try:
         set_params(repo, **{"register.log_mode": "adapter", "register.model_name": "lora-adapter"})
         output = run([sys.executable, "-m", "stages.register"], repo)
-        assert "registered lora-adapter v1" in output
+        assert "lora-adapter v1: no champion yet" in output
         mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
         model = mlflow.pyfunc.load_model("models:/lora-adapter@champion")
         text = model.predict(["<|im_start|>system\nreasoning language: German<|im_end|>\n<|im_start|>user\n"
