@@ -119,10 +119,8 @@ def main():
     state = PartialState()
     raw = yaml.safe_load(Path(args.recipe).read_text())
     params = validate(raw, source=args.recipe)
-    every_key = ["model", "train", "lora"]  # this script reads these sections whole
-    model_p = StageParams(params, "benchmark", every_key).model
-    train_p = StageParams(params, "benchmark", every_key).train
-    lora_p = StageParams(params, "benchmark", every_key).lora
+    view = StageParams(params, "benchmark", ["model", "train", "lora"])  # the sections this script reads
+    model_p, train_p, lora_p = view.model, view.train, view.lora
     checkpoint = Path(args.checkpoint)
     if state.is_main_process and not (checkpoint / "config.json").is_file():
         start = time.perf_counter()

@@ -1,4 +1,5 @@
 """Shared fixtures: offline environment, the repository root, MGSM's location, a tiny model on disk."""
+import contextlib
 import os
 import shutil
 import subprocess
@@ -46,6 +47,17 @@ def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: int = 900) 
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{output[-6000:]}")
     return output
+
+
+@contextlib.contextmanager
+def edited_params(repo: Path, **dotted):
+    """params.yaml of a copy edited for the duration of a block, then restored byte for byte."""
+    original = (repo / "params.yaml").read_text()
+    set_params(repo, **dotted)
+    try:
+        yield
+    finally:
+        (repo / "params.yaml").write_text(original)
 
 
 def set_params(repo: Path, **dotted):

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import MGSM, run, run_env, set_params
+from conftest import MGSM, edited_params, run, run_env
 
 STAGES = ["validate", "fetch", "split", "train", "merge", "evaluate", "register"]
 
@@ -101,31 +101,23 @@ def test_experiment_reruns_only_what_lora_r_affects(repo):
 
 def test_liger_toggle_touches_train_and_nothing_before(repo):
     repo, _ = repo
-    params = (repo / "params.yaml").read_text()
-    try:
-        (repo / "params.yaml").write_text(params.replace("liger: false", "liger: true"))
+    with edited_params(repo, **{"train.liger": True}):
         status = json.loads(run(["dvc", "status", "--json"], repo))
-        assert "train" in status and "fetch" not in status and "split" not in status, status
-        assert "merge" not in status  # its own params are unchanged; it re-runs once train's outputs change
-    finally:
-        (repo / "params.yaml").write_text(params)
+    assert "train" in status and "fetch" not in status and "split" not in status, status
+    assert "merge" not in status  # its own params are unchanged; it re-runs once train's outputs change
 
 
 def test_new_evaluation_of_the_same_model_logs_a_run_but_no_version(repo):
     import mlflow
 
     repo, _ = repo
-    params = (repo / "params.yaml").read_text()
     before = json.loads((repo / "models/registered.json").read_text())
-    try:
-        set_params(repo, **{"eval.prompts": 4})
+    with edited_params(repo, **{"eval.prompts": 4}):
         output = run(["dvc", "repro"], repo)
-        assert ran_stages(output) == ["validate", "evaluate", "register"]
-        after = json.loads((repo / "models/registered.json").read_text())
-        assert after["version"] == before["version"] and after["run_id"] != before["run_id"]
-        assert after["gate"]["reason"] == f"model already registered as v{before['version']}"
-        mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
-        versions = mlflow.MlflowClient().search_model_versions("name = 'lora-pipeline'")
-        assert len(versions) == 2  # the default's and r16's
-    finally:
-        (repo / "params.yaml").write_text(params)
+    assert ran_stages(output) == ["validate", "evaluate", "register"]
+    after = json.loads((repo / "models/registered.json").read_text())
+    assert after["version"] == before["version"] and after["run_id"] != before["run_id"]
+    assert after["gate"]["reason"] == f"model already registered as v{before['version']}"
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    versions = mlflow.MlflowClient().search_model_versions("name = 'lora-pipeline'")
+    assert len(versions) == 2  # the default's and r16's

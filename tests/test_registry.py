@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import run, set_params
+from conftest import edited_params, run
 
 
 def test_run_has_provenance_and_step_metrics(repo):
@@ -97,10 +97,10 @@ def test_adapter_mode_registers_a_pyfunc_that_loads_its_base(repo, tmp_path):
     import mlflow
 
     repo, _ = repo
-    saved = {p: (repo / p).read_text() for p in ("params.yaml", "models/registered.json")}
+    saved = (repo / "models/registered.json").read_text()
     try:
-        set_params(repo, **{"register.log_mode": "adapter", "register.model_name": "lora-adapter"})
-        output = run([sys.executable, "-m", "stages.register"], repo)
+        with edited_params(repo, **{"register.log_mode": "adapter", "register.model_name": "lora-adapter"}):
+            output = run([sys.executable, "-m", "stages.register"], repo)
         assert "lora-adapter v1: no champion yet" in output
         mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
         model = mlflow.pyfunc.load_model("models:/lora-adapter@champion")
@@ -108,5 +108,4 @@ def test_adapter_mode_registers_a_pyfunc_that_loads_its_base(repo, tmp_path):
                               "Anna hat 5 Äpfel.<|im_end|>\n<|im_start|>assistant\n"], params={"max_new_tokens": 16})
         assert isinstance(text[0], str) and text[0].strip()
     finally:
-        for path, content in saved.items():
-            (repo / path).write_text(content)
+        (repo / "models/registered.json").write_text(saved)
