@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: setup repro test recipe clean
+.PHONY: setup repro test recipe bench clean
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,10 @@ recipe: setup
 	@test -f recipes/$(RECIPE).yaml || { echo "no recipes/$(RECIPE).yaml; have: $$(ls recipes)"; exit 1; }
 	cp recipes/$(RECIPE).yaml params.yaml
 	$(RUN) dvc exp run -n $(RECIPE)
+
+# make bench RECIPE=qwen2-0.5b (on a GPU machine): seed baseline and ours in one go -> bench/results.jsonl
+bench:
+	bash benchmarks/bench.sh $(RECIPE)
 
 clean:
 	rm -rf $(VENV)

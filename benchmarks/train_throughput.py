@@ -1,18 +1,18 @@
-"""Training throughput of a recipe on GPUs, through the project's own code path, on the standard workload.
+"""Training throughput of a recipe on GPUs, through the train stage's own trainer, on the standard workload.
 
-The model is the recipe's architecture at full size (or reduced depth), randomly initialised and saved to
-disk first, then loaded exactly as the train stage loads it (models/base -> load_model, MXFP4 dequantized for
-gpt-oss); LoRA, SFTConfig and Liger come from the recipe file. The workload is the seed baseline's
-(../shared/bench/seed_baseline.py), so the two tokens/s figures compare as a ratio on one machine.
+The model is the recipe's architecture at full size (or reduced depth), randomly initialised and saved to disk
+first, then built by lora_pipeline.training.build_trainer exactly as the train stage builds it (loader, speed
+levers, Liger, LoRA, SFTConfig), from the recipe file plus any `--set key=value` overrides. The workload is the
+seed baseline's (../shared/bench/seed_baseline.py), so the two tokens/s figures compare as a ratio on one machine.
 
     accelerate launch --config_file configs/accelerate/multi_gpu_2.yaml benchmarks/train_throughput.py \
-        --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b --out results.jsonl
-Prints one JSON line: tokens/s over all processes (non-padding tokens after warm-up), peak GiB per GPU, loss.
+        --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b --out ours.jsonl
+Prints one JSON line: tokens/s over all processes (non-padding tokens after warm-up), step time, peak GiB per
+GPU, MFU, the global batch and the implementations that ran.
 """
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -23,7 +23,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lora_pipeline.params import StageParams, validate  # noqa: E402
-from lora_pipeline.modeling import apply_liger, load_model, lora_config, training_device_map  # noqa: E402
+from lora_pipeline.training import build_trainer  # noqa: E402
 
 # The seed baseline's standard workloads (same generator, same seeds).
 WORKLOADS = {
@@ -31,6 +31,8 @@ WORKLOADS = {
     "gpt-oss-20b": dict(n=200, median=900, sigma=0.6, lo=64, hi=4096, vocab=201088, seed=2),
 }
 WARM_STEPS = {"qwen2-0.5b": 3, "gpt-oss-20b": 2}
+# Dense bf16 peak of the H100/H200 SXM by the datasheet (no sparsity), for MFU.
+PEAK_FLOPS = 989e12
 
 
 def workload(n, median, sigma, lo, hi, vocab, seed):
@@ -98,29 +100,58 @@ def build_checkpoint(arch: str, layers: int | None, out: Path) -> None:
     torch.cuda.empty_cache()
 
 
+def active_params(model) -> int:
+    """Parameters one token passes through: all but the input embedding (a lookup), with MoE experts counted
+    top_k/num_experts (each token visits top_k of them). A tied lm_head is counted once, as a matmul."""
+    config = model.config
+    embed = model.get_input_embeddings().weight
+    total = 0
+    for name, p in model.named_parameters():
+        if p is embed and not config.tie_word_embeddings:
+            continue
+        share = config.num_experts_per_tok / config.num_local_experts if ".experts." in name else 1.0
+        total += p.numel() * share
+    return int(total)
+
+
+def set_key(tree: dict, dotted: str, value: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree[part]
+    tree[leaf] = yaml.safe_load(value)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", required=True, help="a recipes/*.yaml file")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a params key, e.g. train.sft.per_device_train_batch_size=8")
+    parser.add_argument("--overrides", help="a YAML file of params overrides (e.g. recipes/seed/<recipe>.yaml)")
     parser.add_argument("--arch", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--layers", type=int, help="reduced depth (default: the real one)")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps after warm-up")
     parser.add_argument("--workload", choices=["standard", "builtin"], default="standard",
                         help="standard: the seed baseline's random token ids (for tokens/s); builtin: real text")
-    parser.add_argument("--liger", choices=["recipe", "on", "off"], default="recipe")
     parser.add_argument("--checkpoint", default="/tmp/bench-base", help="where the random-init model is written")
+    parser.add_argument("--label", default="", help="a name for this configuration in the output")
+    parser.add_argument("--seed-result", help="the seed baseline's JSON lines from the same call: adds the ratio")
+    parser.add_argument("--commit", default="", help="the project's git commit, recorded with the result")
     parser.add_argument("--out", help="append the JSON line to this file")
     args = parser.parse_args()
 
     from accelerate import PartialState
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from transformers import TrainerCallback
 
     state = PartialState()
     raw = yaml.safe_load(Path(args.recipe).read_text())
-    params = validate(raw, source=args.recipe)
-    view = StageParams(params, "benchmark", ["model", "train", "lora"])  # the sections this script reads
-    model_p, train_p, lora_p = view.model, view.train, view.lora
+    overrides = yaml.safe_load(Path(args.overrides).read_text()) if args.overrides else {}
+    for key, value in [*overrides.items(), *(kv.split("=", 1) for kv in args.set)]:
+        set_key(raw, key, value if isinstance(value, str) else json.dumps(value))
+    warm = WARM_STEPS[args.arch]
+    raw["train"]["checkpoint_steps"] = 0
+    raw["train"]["sft"] |= {"max_steps": warm + args.steps, "logging_steps": 1, "num_train_epochs": 1}
+    params = StageParams(validate(raw, source=args.recipe), "benchmark", ["model", "train", "lora"])
     checkpoint = Path(args.checkpoint)
     if state.is_main_process and not (checkpoint / "config.json").is_file():
         start = time.perf_counter()
@@ -128,14 +159,6 @@ def main():
         print(f"built {args.arch} checkpoint in {time.perf_counter() - start:.0f}s", flush=True)
     state.wait_for_everyone()
 
-    start = time.perf_counter()
-    model = load_model(checkpoint, model_p, device_map=training_device_map())
-    load_s = time.perf_counter() - start
-    model.config.use_cache = False
-    wanted = {"recipe": train_p.liger, "on": True, "off": False}[args.liger]
-    liger = apply_liger(model, wanted)
-    warm = WARM_STEPS[args.arch]
-    sft = train_p.sft.to_dict() | {"max_steps": warm + args.steps, "logging_steps": 1, "num_train_epochs": 1}
     marks, tokens = {}, [0]
 
     class Clock(TrainerCallback):
@@ -145,11 +168,8 @@ def main():
                 marks[s.global_step] = (time.perf_counter(), tokens[0])
 
     rows = workload(**WORKLOADS[args.arch]) if args.workload == "standard" else builtin_workload(2000, 0)
-    config = SFTConfig(output_dir="/tmp/bench-out", report_to="none", save_strategy="no",
-                       gradient_checkpointing_kwargs={"use_reentrant": False}, dataloader_pin_memory=False, **sft)
-    trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows),
-                         processing_class=AutoTokenizer.from_pretrained(checkpoint), peft_config=lora_config(lora_p),
-                         callbacks=[Clock()])
+    trainer, implementations = build_trainer(params, checkpoint, Dataset.from_list(rows), Path("/tmp/bench-out"),
+                                             callbacks=[Clock()])
     inner = trainer.data_collator
 
     def counting(features):
@@ -164,14 +184,28 @@ def main():
     gathered = trainer.accelerator.gather(local[None]).cpu()  # one row per process
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if state.is_main_process:
-        row = {"arch": args.arch, "layers": args.layers or "full", "recipe": args.recipe, "processes": state.num_processes,
-               "workload": args.workload,
-               "tokens_per_s": round(float(gathered[:, 0].sum() / gathered[:, 1].max())),
+        sft = trainer.args
+        tokens_per_s = float(gathered[:, 0].sum() / gathered[:, 1].max())
+        n_active = active_params(trainer.model)
+        flops_per_gpu = 4 * n_active * tokens_per_s / state.num_processes  # LoRA: ~4 x active params per token
+        row = {"recipe": Path(args.recipe).stem, "label": args.label, "arch": args.arch,
+               "layers": args.layers or "full", "gpus": state.num_processes, "workload": args.workload,
+               "tokens_per_s": round(tokens_per_s),
                "step_s": round(float(gathered[:, 1].max()) / args.steps, 3),
-               "peak_gib_per_gpu": [round(float(x), 1) for x in gathered[:, 2]], "load_s": round(load_s, 1),
-               "loss_first": losses[0], "loss_last": losses[-1], "liger": liger["applied"],
-               "liger_kernels": len(liger["kernels"]), "gpu": torch.cuda.get_device_name(),
-               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+               "peak_gib": round(float(gathered[:, 2].max()), 1),
+               "mfu": round(flops_per_gpu / PEAK_FLOPS, 3), "active_params": n_active,
+               "global_batch": sft.per_device_train_batch_size * sft.gradient_accumulation_steps * state.num_processes,
+               "micro_batch": sft.per_device_train_batch_size, "grad_accum": sft.gradient_accumulation_steps,
+               "max_length": raw["train"]["sft"]["max_length"], "dtype": raw["model"]["dtype"],
+               "implementations": implementations, "overrides": args.set + sorted(overrides),
+               "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
+               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+               "commit": args.commit}
+        if args.seed_result and Path(args.seed_result).is_file():
+            seeds = [json.loads(line) for line in Path(args.seed_result).read_text().splitlines() if line.strip()]
+            seed = [r for r in seeds if r["recipe"] == args.arch][-1]
+            row |= {"seed_tokens_per_s": seed["tokens_per_s"], "seed_peak_gib": seed["peak_gib"],
+                    "ratio": round(tokens_per_s / seed["tokens_per_s"], 2)}
         print(json.dumps(row), flush=True)
         if args.out:
             with open(args.out, "a") as f:

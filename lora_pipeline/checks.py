@@ -36,3 +36,44 @@ def check_register(register) -> None:
     if stage not in ("train", "merge", "eval"):
         raise ValueError(f"register.gate_metric '{register.gate_metric}' must start with train., merge. or eval. "
                          "(the metrics file it comes from)")
+
+
+# Fields the train stage sets itself: a value in params.yaml would be overridden, so it is refused.
+STAGE_OWNED_SFT_FIELDS = {"output_dir", "save_strategy", "save_steps", "save_total_limit", "report_to", "use_cpu",
+                          "include_num_input_tokens_seen", "dataloader_num_workers", "gradient_checkpointing_kwargs"}
+
+
+# What LoRA papers and other tools call the fields that peft names otherwise.
+FIELD_ALIASES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target": "target_modules"}
+
+
+def unknown_fields(given: dict, known: set[str], section: str, owner: str) -> list[str]:
+    """One message per key of `given` that is not a field of `owner`, with the closest field name."""
+    import difflib
+
+    messages = []
+    for key in given:
+        if key not in known:
+            alias = FIELD_ALIASES.get(key)
+            close = [alias] if alias in known else difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {section}.{close[0]}?" if close else ""
+            messages.append(f"{section}.{key}: not a {owner} field{hint}")
+    return messages
+
+
+def check_library_fields(train, lora) -> None:
+    """train.sft and lora pass straight to trl.SFTConfig and peft.LoraConfig: every key must be one of their fields."""
+    import dataclasses
+
+    from peft import LoraConfig
+    from trl import SFTConfig
+
+    sft = train.sft.to_dict()
+    problems = [f"train.sft.{key}: the train stage sets it itself; remove it" for key in sft
+                if key in STAGE_OWNED_SFT_FIELDS]
+    problems += unknown_fields({k: v for k, v in sft.items() if k not in STAGE_OWNED_SFT_FIELDS},
+                               {f.name for f in dataclasses.fields(SFTConfig)}, "train.sft", "trl.SFTConfig")
+    problems += unknown_fields(lora.to_dict(), {f.name for f in dataclasses.fields(LoraConfig)} - {"task_type"},
+                               "lora", "peft.LoraConfig")
+    if problems:
+        raise ValueError("\n".join(problems))

@@ -1,6 +1,7 @@
 """Loading base and fine-tuned models the same way in every stage, LoRA config, and Liger kernels."""
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -24,13 +25,39 @@ def load_tokenizer(path: str | Path, padding_side: str = "right"):
     return tokenizer
 
 
+def runnable_implementations(path: str | Path, model_params) -> dict:
+    """The attention and experts implementations this machine runs for the checkpoint at `path`, and why any
+    differs from what model.attn_implementation / model.experts_implementation ask for.
+
+    Flex attention (the fast path for gpt-oss's attention sinks and for padding-free batches) and flash
+    attention need a GPU; gpt-oss has no sdpa path (its sinks), so eager stands in for it.
+    """
+    model_type = json.loads((Path(path) / "config.json").read_text())["model_type"]
+    attention, experts, notes = model_params.attn_implementation, model_params.experts_implementation, []
+    if attention in ("flex_attention", "flash_attention_2") and not torch.cuda.is_available():
+        notes.append(f"{attention} needs a CUDA GPU")
+        attention = "sdpa"
+    if attention == "sdpa" and model_type == "gpt_oss":
+        notes.append("gpt-oss has no sdpa attention (attention sinks)")
+        attention = "eager"
+    return {"attention": attention, "experts": experts, "requested": {"attention": model_params.attn_implementation,
+            "experts": model_params.experts_implementation}, "notes": notes}
+
+
 def load_model(path: str | Path, model_params, quantized: bool | None = None, **kwargs):
-    """The base (or merged) model as every stage loads it: dtype, attention, and MXFP4 dequantization.
+    """The base (or merged) model as every stage loads it: dtype, attention and experts implementations, and
+    MXFP4 dequantization.
 
     `quantized` defaults to model.mxfp4_dequantize; a merged model is saved dequantized and passes False.
     trust_remote_code stays off: only architectures that transformers ships are loaded.
     """
-    load_kwargs = dict(dtype=DTYPES[model_params.dtype], attn_implementation=model_params.attn_implementation)
+    chosen = runnable_implementations(path, model_params)
+    if chosen["notes"]:
+        log.warning("running attention %s, experts %s: %s", chosen["attention"], chosen["experts"],
+                    "; ".join(chosen["notes"]))
+    load_kwargs = dict(dtype=DTYPES[model_params.dtype], attn_implementation=chosen["attention"])
+    if chosen["experts"] != "eager":  # only MoE models take it
+        load_kwargs["experts_implementation"] = chosen["experts"]
     if model_params.mxfp4_dequantize if quantized is None else quantized:
         from transformers import Mxfp4Config
 

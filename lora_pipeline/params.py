@@ -28,18 +28,18 @@ def _require_name(section):
 
 class TinyModel(_Section):
     """Architecture of the tiny offline base model (model.source tiny-qwen2 / tiny-gpt-oss)."""
-    vocab_size: int = Field(1024, ge=300)
-    hidden_size: int = Field(64, ge=8)
-    intermediate_size: int = Field(128, ge=8)
-    num_hidden_layers: int = Field(2, ge=1)
-    num_attention_heads: int = Field(4, ge=1)
-    num_key_value_heads: int = Field(2, ge=1)
-    num_local_experts: int = Field(4, ge=1)  # gpt-oss only
-    num_experts_per_tok: int = Field(2, ge=1)  # gpt-oss only
-    max_position_embeddings: int = Field(1024, ge=64)
-    initializer_range: float = Field(0.02, gt=0)
-    pretrain_steps: int = Field(400, ge=0)  # full-parameter LM training on the data as plain text
-    seed: int = 0
+    vocab_size: int = Field(ge=300)
+    hidden_size: int = Field(ge=8)
+    intermediate_size: int = Field(ge=8)
+    num_hidden_layers: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_key_value_heads: int = Field(ge=1)
+    num_local_experts: int = Field(ge=1)  # gpt-oss only
+    num_experts_per_tok: int = Field(ge=1)  # gpt-oss only
+    max_position_embeddings: int = Field(ge=64)
+    initializer_range: float = Field(gt=0)
+    pretrain_steps: int = Field(ge=0)  # full-parameter LM training on the data as plain text
+    seed: int
 
     @model_validator(mode="after")
     def _heads_divide(self):
@@ -69,13 +69,14 @@ class Data(_Section):
 
 
 class Model(_Section):
-    source: Literal["tiny-qwen2", "tiny-gpt-oss", "hub", "local"] = "tiny-qwen2"
-    name: str = ""  # Hub model id (hub) or folder (local)
-    revision: str = "main"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    attn_implementation: Literal["eager", "sdpa", "flex_attention", "flash_attention_2"] = "sdpa"
-    mxfp4_dequantize: bool = False  # load with Mxfp4Config(dequantize=True), as gpt-oss needs
-    tiny: TinyModel = TinyModel()
+    source: Literal["tiny-qwen2", "tiny-gpt-oss", "hub", "local"]
+    name: str  # Hub model id (hub) or folder (local)
+    revision: str
+    dtype: Literal["float32", "bfloat16", "float16"]
+    attn_implementation: Literal["eager", "sdpa", "flex_attention", "flash_attention_2"]
+    experts_implementation: Literal["eager", "grouped_mm", "batched_mm"]  # MoE experts (gpt-oss)
+    mxfp4_dequantize: bool  # load with Mxfp4Config(dequantize=True), as gpt-oss needs
+    tiny: TinyModel
 
     @model_validator(mode="after")
     def _name_when_needed(self):
@@ -83,35 +84,40 @@ class Model(_Section):
 
 
 class Split(_Section):
-    test_size: float = Field(0.1, gt=0)  # a fraction below 1, or a row count from 1 up
-    seed: int = 42
+    test_size: float = Field(gt=0)  # a fraction below 1, or a row count from 1 up
+    seed: int
 
 
 class Sft(_Section):
-    """Maps 1:1 onto trl.SFTConfig fields."""
-    learning_rate: float = Field(2e-4, gt=0)
-    num_train_epochs: float = Field(1.0, gt=0)
-    max_steps: int = -1
-    per_device_train_batch_size: int = Field(8, ge=1)
-    gradient_accumulation_steps: int = Field(1, ge=1)
-    lr_scheduler_type: str = "cosine"
-    lr_scheduler_kwargs: dict[str, Any] = {}
-    warmup_steps: float = Field(0.0, ge=0)  # a ratio below 1, else a step count
-    weight_decay: float = Field(0.0, ge=0)
-    max_length: int = Field(1024, ge=16)
-    assistant_only_loss: bool = False
-    packing: bool = False
-    bf16: bool = False
-    fp16: bool = False
-    gradient_checkpointing: bool = False
-    logging_steps: int = Field(10, ge=1)
-    seed: int = 42
+    """trl.SFTConfig fields: these are typed and required; any other SFTConfig field may be added (checked in
+    validate against SFTConfig itself)."""
+    model_config = ConfigDict(extra="allow")
+    learning_rate: float = Field(gt=0)
+    num_train_epochs: float = Field(gt=0)
+    max_steps: int
+    per_device_train_batch_size: int = Field(ge=1)
+    gradient_accumulation_steps: int = Field(ge=1)
+    lr_scheduler_type: str
+    lr_scheduler_kwargs: dict[str, Any]
+    warmup_steps: float = Field(ge=0)  # a ratio below 1, else a step count
+    weight_decay: float = Field(ge=0)
+    max_length: int = Field(ge=16)
+    assistant_only_loss: bool
+    packing: bool
+    padding_free: bool  # rows (truncated at max_length) concatenated into one sequence, no padding
+    torch_compile: bool
+    bf16: bool
+    fp16: bool
+    gradient_checkpointing: bool
+    logging_steps: int = Field(ge=1)
+    seed: int
 
 
 class Train(_Section):
-    accelerate_config: str = "cpu"  # configs/accelerate/<name>.yaml
-    liger: bool = False
-    sft: Sft = Sft()
+    accelerate_config: str  # configs/accelerate/<name>.yaml
+    liger: bool
+    checkpoint_steps: int = Field(ge=0)  # save a resumable checkpoint every N optimizer steps (0: never)
+    sft: Sft
 
     @model_validator(mode="after")
     def _config_exists(self):
@@ -124,13 +130,15 @@ class Train(_Section):
 
 
 class Lora(_Section):
-    """Maps 1:1 onto peft.LoraConfig fields."""
-    r: int = Field(8, ge=1)
-    lora_alpha: float = Field(16, gt=0)
-    lora_dropout: float = Field(0.05, ge=0, lt=1)
-    target_modules: str | list[str] = "all-linear"
-    target_parameters: list[str] = []  # e.g. gpt-oss experts: mlp.experts.gate_up_proj, mlp.experts.down_proj
-    bias: Literal["none", "all", "lora_only"] = "none"
+    """peft.LoraConfig fields: these are typed and required; any other LoraConfig field may be added (checked in
+    validate against LoraConfig itself)."""
+    model_config = ConfigDict(extra="allow")
+    r: int = Field(ge=1, le=4096)
+    lora_alpha: float = Field(gt=0)
+    lora_dropout: float = Field(ge=0, lt=1)
+    target_modules: str | list[str]
+    target_parameters: list[str]  # e.g. gpt-oss experts: mlp.experts.gate_up_proj, mlp.experts.down_proj
+    bias: Literal["none", "all", "lora_only"]
 
     @model_validator(mode="after")
     def _dropout_with_parameters(self):
@@ -141,28 +149,28 @@ class Lora(_Section):
 
 
 class Mgsm(_Section):
-    path: str = ""  # folder of mgsm_<lang>.tsv files, "hub" for juletxara/mgsm, or empty to skip
-    languages: list[str] = ["en", "de", "es", "fr"]
-    limit: int = Field(20, ge=1)
+    path: str  # folder of mgsm_<lang>.tsv files, "hub" for juletxara/mgsm, or empty to skip
+    languages: list[str]
+    limit: int = Field(ge=1)
 
 
 class Eval(_Section):
-    languages: list[str] = ["en", "de", "es", "fr", "it"]
-    prompts: int = Field(10, ge=1)  # held-out questions, each asked once per language
-    max_new_tokens: int = Field(128, ge=1)
-    batch_size: int = Field(16, ge=1)
-    do_sample: bool = False
-    include_base: bool = True  # also evaluate the base model, for before/after figures
-    loss_rows: int = Field(0, ge=0)  # 0: the whole test split
-    mgsm: Mgsm = Mgsm()
+    languages: list[str]
+    prompts: int = Field(ge=1)  # held-out questions, each asked once per language
+    max_new_tokens: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    do_sample: bool
+    include_base: bool  # also evaluate the base model, for before/after figures
+    loss_rows: int = Field(ge=0)  # 0: the whole test split
+    mgsm: Mgsm
 
 
 class Register(_Section):
-    model_name: str = "lora-pipeline"
-    experiment: str = "lora-pipeline"
-    log_mode: Literal["merged", "adapter"] = "merged"
-    gate_metric: str = "compliance.overall"  # a key of metrics/eval.json, dotted
-    gate_greater_is_better: bool = True
+    model_name: str
+    experiment: str
+    log_mode: Literal["merged", "adapter"]
+    gate_metric: str  # a key of metrics/eval.json, dotted
+    gate_greater_is_better: bool
 
 
 # The section is called `register` in params.yaml; the name only shadows ABCMeta.register, which is unused.
@@ -170,13 +178,13 @@ warnings.filterwarnings("ignore", message='Field name "register"', category=User
 
 
 class Params(_Section):
-    data: Data = Data()
-    model: Model = Model()
-    split: Split = Split()
-    train: Train = Train()
-    lora: Lora = Lora()
-    eval: Eval = Eval()
-    register: Register = Register()
+    data: Data
+    model: Model
+    split: Split
+    train: Train
+    lora: Lora
+    eval: Eval
+    register: Register
 
 
 def validate(raw: dict, source: str = "params.yaml") -> Params:
@@ -236,7 +244,7 @@ class StageParams:
     def to_dict(self) -> dict:
         """Every leaf of this section, each of which must be declared."""
         out = {}
-        for name in type(self._node).model_fields:
+        for name in [*type(self._node).model_fields, *(self._node.model_extra or {})]:
             value = getattr(self, name)
             out[name] = value.to_dict() if isinstance(value, StageParams) else value
         return out

@@ -1,78 +1,100 @@
-"""train: LoRA fine-tuning of models/base on data/split/train.jsonl with TRL's SFTTrainer.
+"""train: LoRA fine-tuning of models/base on data/split/train.jsonl with TRL's SFTTrainer, resumable.
 
 Launched by accelerate, one process per device (dvc.yaml's cmd):
     accelerate launch --config_file configs/accelerate/cpu.yaml -m stages.train
-Rank 0 alone writes the adapter, metrics/train.json and plots/train_loss.csv.
+Checkpoints go to checkpoints/train-<hash of params, code and data> every train.checkpoint_steps steps (and on
+SIGTERM/SIGINT); a re-run with the same hash resumes from the last complete one. Rank 0 alone writes the
+adapter, metrics/train.json and plots/train_loss.csv; timings go to logs/train_speed.json, which is no DVC
+output, so identical trainings give identical outputs.
 """
 import csv
+import io
 import json
+import shutil
+import sys
 import time
 from pathlib import Path
 
 import torch
 from datasets import Dataset
-from trl import SFTConfig, SFTTrainer
 
 from lora_pipeline.chat import conversation
+from lora_pipeline.checkpoints import last_complete, run_dir, run_fingerprint
 from lora_pipeline.data import read_jsonl
-from lora_pipeline.modeling import apply_liger, load_model, load_tokenizer, lora_config, training_device_map
+from lora_pipeline.outputs import replace_dir, staging_dir, write_json, write_text
 from lora_pipeline.params import load_params
+from lora_pipeline.training import StopOnSignal, build_trainer
 
 BASE, TRAIN, ADAPTER = Path("models/base"), Path("data/split/train.jsonl"), Path("models/adapter")
-METRICS, LOSS_LOG = Path("metrics/train.json"), Path("plots/train_loss.csv")
+METRICS, LOSS_LOG, SPEED = Path("metrics/train.json"), Path("plots/train_loss.csv"), Path("logs/train_speed.json")
 
-params = load_params("train")
-on_gpu = torch.cuda.is_available()
-sft = params.train.sft.to_dict()
-if not on_gpu and (sft["bf16"] or sft["fp16"]):
-    raise SystemExit("train.sft.bf16/fp16 need a GPU; set both to false to train on the CPU")
 
-tokenizer = load_tokenizer(BASE)
-model = load_model(BASE, params.model, device_map=training_device_map())
-model.config.use_cache = False
-liger = apply_liger(model, params.train.liger)
-train_set = Dataset.from_list([{"messages": conversation(row)} for row in read_jsonl(TRAIN)])
+def main():
+    params = load_params("train")
+    sft = params.train.sft
+    if not torch.cuda.is_available() and (sft.bf16 or sft.fp16):
+        raise SystemExit("train.sft.bf16/fp16 need a GPU; set both to false to train on the CPU")
 
-args = SFTConfig(
-    output_dir=str(ADAPTER),
-    **sft,
-    use_cpu=not on_gpu,  # with MULTI_GPU launch on a CPU this makes the processes one DDP group over gloo
-    save_strategy="no",
-    report_to="none",  # the register stage sends the per-step log to MLflow, in the pipeline run's own run
-    include_num_input_tokens_seen="non_padding",
-    dataloader_num_workers=0,
-    gradient_checkpointing_kwargs={"use_reentrant": False} if sft["gradient_checkpointing"] else None,
-)
-trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
-                     peft_config=lora_config(params.lora))
-start = time.perf_counter()
-result = trainer.train()
-seconds = time.perf_counter() - start
-trainer.save_model(str(ADAPTER))
+    checkpoints = run_dir(run_fingerprint("train"))
+    resume = last_complete(checkpoints)
+    train_set = Dataset.from_list([{"messages": conversation(row)} for row in read_jsonl(TRAIN)])
+    stopper = StopOnSignal()
+    trainer, implementations = build_trainer(params, BASE, train_set, checkpoints, callbacks=[stopper])
+    rank0 = trainer.is_world_process_zero()
+    if rank0 and resume:
+        print(f"resuming from {resume}", flush=True)
 
-if trainer.is_world_process_zero():
-    tokens = trainer.state.num_input_tokens_seen  # non-padding tokens over all processes
+    start = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    seconds = time.perf_counter() - start
+    if stopper.received:
+        if rank0:
+            print(f"stopped by signal {stopper.received} at step {trainer.state.global_step}; checkpoint saved in "
+                  f"{checkpoints}: run `dvc repro` to resume", flush=True)
+        sys.exit(128 + stopper.received)
+
+    staged = staging_dir(ADAPTER) if rank0 else None
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(ADAPTER.with_name(f".{ADAPTER.name}.tmp")))  # every rank: FSDP/DeepSpeed gather here
+    if not rank0:
+        return
+    (staged / "training_args.bin").unlink(missing_ok=True)  # a pickle: nothing downstream needs to load it
+    adapter_config = staged / "adapter_config.json"
+    config = json.loads(adapter_config.read_text())
+    for key in ("target_modules", "target_parameters"):  # peft keeps them as sets: sort for the same bytes each run
+        if isinstance(config.get(key), list):
+            config[key] = sorted(config[key])
+    write_json(adapter_config, config)
+    write_json(staged / "training_info.json", {"implementations": implementations,
+                                               "world_size": trainer.args.world_size, "base": str(BASE)})
+    replace_dir(staged, ADAPTER)
+
     history = [h for h in trainer.state.log_history if "loss" in h]
-    metrics = {
+    write_json(METRICS, {
         "train_loss": result.training_loss,
         "final_loss": history[-1]["loss"] if history else None,
         "steps": trainer.state.global_step,
-        "world_size": args.world_size,
-        "tokens": tokens,
-        "tokens_per_s": tokens / seconds,
-        "seconds": seconds,
+        "world_size": trainer.args.world_size,
+        "tokens": trainer.state.num_input_tokens_seen,  # non-padding tokens over all processes
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
-        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else 0.0,
-        "liger_applied": int(liger["applied"]),
-    }
-    METRICS.parent.mkdir(exist_ok=True)
-    METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
-    LOSS_LOG.parent.mkdir(exist_ok=True)
-    with open(LOSS_LOG, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["step", "loss", "learning_rate", "grad_norm"], extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(history)
-    info = {"liger": liger, "world_size": args.world_size, "device": str(model.device),
-            "torch": torch.__version__, "base": str(BASE)}
-    (ADAPTER / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    print(json.dumps(metrics, indent=2))
+        "liger_applied": int(implementations["liger"]["applied"]),
+        "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0,
+    })
+    rows = io.StringIO()
+    writer = csv.DictWriter(rows, fieldnames=["step", "loss", "learning_rate", "grad_norm"], extrasaction="ignore",
+                            lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(history)
+    write_text(LOSS_LOG, rows.getvalue())
+    tokens_before = json.loads((resume / "trainer_state.json").read_text())["num_input_tokens_seen"] if resume else 0
+    speed = {"seconds": seconds, "tokens_per_s": (trainer.state.num_input_tokens_seen - tokens_before) / seconds,
+             "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+             "world_size": trainer.args.world_size, "implementations": implementations}
+    write_json(SPEED, speed)
+    shutil.rmtree(checkpoints, ignore_errors=True)  # finished: nothing left to resume
+    print(json.dumps({"metrics": json.loads(METRICS.read_text()), "speed": speed}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -17,6 +17,7 @@ for stage in ("fetch", "split", "train", "merge", "evaluate", "register"):
     load_params(stage)  # every key that dvc.yaml declares must exist in the schema
 checks.check_data(params.data)
 checks.check_model(params.model)
+checks.check_library_fields(params.train, params.lora)
 checks.check_eval(params.eval)
 checks.check_register(params.register)
 OUT.parent.mkdir(exist_ok=True)

@@ -3,6 +3,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from lora_pipeline.checks import check_library_fields
 from lora_pipeline.params import ParamsError, StageParams, declared_keys, load_params, validate
 
 STAGES = list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
@@ -52,10 +53,32 @@ def test_lora_on_parameters_needs_no_dropout():
     assert validate(raw).lora.target_parameters == ["mlp.experts.gate_up_proj"]
 
 
-def test_unknown_key_is_rejected():
+@pytest.mark.parametrize("section, key, message", [
+    ("lora", "rank", r"lora\.rank: not a peft\.LoraConfig field; did you mean lora\.r\?"),
+    ("sft", "learning_rat", r"train\.sft\.learning_rat: not a trl\.SFTConfig field.*did you mean train\.sft\.learning_rate\?"),
+    ("sft", "output_dir", r"train\.sft\.output_dir: the train stage sets it itself"),
+])
+def test_misspelt_library_field_is_rejected_with_the_closest_name(section, key, message):
     raw = shipped()
-    raw["lora"]["rank"] = 16  # a typo for lora.r must not be silently ignored
-    with pytest.raises(ParamsError, match=r"lora\.rank"):
+    (raw["lora"] if section == "lora" else raw["train"]["sft"])[key] = 16  # a typo must not be silently ignored
+    view = StageParams(validate(raw), "validate", ["train", "lora"])
+    with pytest.raises(ValueError, match=message):
+        check_library_fields(view.train, view.lora)
+
+
+def test_any_real_library_field_passes_through():
+    raw = shipped()
+    raw["lora"]["use_rslora"] = True
+    raw["train"]["sft"]["max_grad_norm"] = 0.5
+    view = StageParams(validate(raw), "train", ["train", "lora"])
+    check_library_fields(view.train, view.lora)
+    assert view.lora.to_dict()["use_rslora"] is True and view.train.sft.to_dict()["max_grad_norm"] == 0.5
+
+
+def test_missing_key_is_rejected():
+    raw = shipped()
+    del raw["lora"]["r"]  # the schema holds no second default that would hide it
+    with pytest.raises(ParamsError, match=r"lora\.r: Field required"):
         validate(raw)
 
 
@@ -83,7 +106,8 @@ def test_stage_view_refuses_undeclared_keys():
 def test_to_dict_needs_every_leaf_declared(tmp_path):
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    dvc["stages"]["train"]["params"].remove("train.sft.seed")
+    dvc["stages"]["train"]["params"] = [k for k in dvc["stages"]["train"]["params"] if k != "train"] + [
+        "train.accelerate_config", "train.liger", "train.checkpoint_steps", "train.sft.learning_rate"]
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc))
-    with pytest.raises(ParamsError, match=r"train\.sft\.seed"):
+    with pytest.raises(ParamsError, match=r"train\.sft\.num_train_epochs"):
         load_params("train", root=tmp_path).train.sft.to_dict()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# make bench RECIPE=<qwen2-0.5b|gpt-oss-20b>: on a GPU machine, the seed baseline and this project's train-stage
+# code on the same GPUs in one go; one JSON line per run appended to bench/results.jsonl (ratio = ours / seed).
+#   1 GPU:  the recipe's fast settings at the seed's 1-GPU global batch (Qwen2-0.5B 32, gpt-oss-20b 16)
+#   N GPUs: the same per-GPU micro-batch on every visible GPU (global batch stated in each line)
+# Needs torch, transformers, peft, accelerate, trl, datasets, liger-kernel (requirements-gpu.txt).
+set -euo pipefail
+RECIPE=${1:?usage: benchmarks/bench.sh <qwen2-0.5b|gpt-oss-20b> [extra train_throughput.py args]}
+shift
+SEED_BASELINE=${SEED_BASELINE:-../shared/bench/seed_baseline.py}
+RUNS=${BENCH_RUNS:-/tmp/bench-runs}; RESULTS=${BENCH_RESULTS:-bench/results.jsonl}
+COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
+mkdir -p "$RUNS" "$(dirname "$RESULTS")"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+
+case $RECIPE in
+  qwen2-0.5b) MICRO=32; batch() { echo "$MICRO 1"; } ;;                       # micro-batch, grad accumulation
+  gpt-oss-20b) MICRO=8; batch() { echo "$MICRO $((16 / (MICRO * $1)))"; } ;;   # global batch 16, as the seed's
+  *) echo "unknown recipe $RECIPE" >&2; exit 2 ;;
+esac
+
+echo "=== seed baseline, $RECIPE, 1 GPU ($(date +%T))"
+CUDA_VISIBLE_DEVICES=0 python3 "$SEED_BASELINE" --recipe "$RECIPE" --out "$RUNS/seed.jsonl" 2>&1 | grep '^{'
+
+for n in 1 $( [ "$GPUS" -ge 2 ] && echo "$GPUS"); do
+  read -r micro accum <<<"$(batch "$n")"
+  echo "=== ours, $RECIPE, $n GPU(s), micro-batch $micro x grad accumulation $accum ($(date +%T))"
+  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) accelerate launch --num_processes "$n" --num_machines 1 \
+    $( [ "$n" -gt 1 ] && echo --multi_gpu ) --mixed_precision no --dynamo_backend no \
+    benchmarks/train_throughput.py --recipe "recipes/$RECIPE.yaml" --arch "$RECIPE" --checkpoint "/tmp/bench-$RECIPE" \
+    --set "train.sft.per_device_train_batch_size=$micro" --set "train.sft.gradient_accumulation_steps=$accum" \
+    --seed-result "$RUNS/seed.jsonl" --commit "$COMMIT" --label fast --out "$RESULTS" "$@" 2>&1 | grep -E '^\{|Error' || true
+done
+echo "=== $RESULTS (last lines)"
+tail -n 3 "$RESULTS" | python3 -c "
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(f\"{r['recipe']:12} {r['gpus']} GPU  {r['tokens_per_s']:>8,} tok/s  seed {r.get('seed_tokens_per_s', 0):>7,}  \"
+          f\"x{r.get('ratio', 0):<5} {r['peak_gib']:>5} GiB  MFU {r['mfu']:.2f}  global batch {r['global_batch']}\")"

@@ -1,0 +1,85 @@
+"""The train stage's trainer (TRL's SFTTrainer over LoRA) with the speed levers params choose, shared with the benchmark."""
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+from trl import SFTConfig, SFTTrainer
+
+from lora_pipeline.modeling import apply_liger, load_model, load_tokenizer, lora_config, training_device_map
+
+log = logging.getLogger(__name__)
+
+
+def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTConfig, dict]:
+    """SFTConfig from train.sft plus what the stage owns (output folder, checkpoints, logging); and the levers as
+    they will run on this machine, with the reason for any that cannot."""
+    on_gpu = torch.cuda.is_available()
+    sft, notes = dict(sft), []
+    if sft["torch_compile"] and not on_gpu:
+        notes.append("torch_compile is off on the CPU (compiling there costs more than it saves)")
+        sft["torch_compile"] = False
+    # Padding-free without packing: TRL truncates the rows to max_length while preparing the data set, but refuses
+    # padding_free=True together with max_length (trl 1.16). The collator is switched after preparation instead.
+    padding_free_rows = sft["padding_free"] and not sft["packing"]
+    if padding_free_rows:
+        sft["padding_free"] = False
+    args = SFTConfig(
+        output_dir=str(output_dir),
+        **sft,
+        use_cpu=not on_gpu,  # with a MULTI_GPU launch on a CPU this makes the processes one DDP group over gloo
+        save_strategy="steps" if checkpoint_steps else "no",
+        save_steps=checkpoint_steps or 500,
+        save_total_limit=2,  # the newest complete checkpoint survives a kill while the next one is written
+        report_to="none",  # the register stage sends the per-step log to MLflow, in the pipeline run's own run
+        include_num_input_tokens_seen="non_padding",
+        dataloader_num_workers=0,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if sft["gradient_checkpointing"] else None,
+    )
+    levers = {"padding_free": padding_free_rows or args.padding_free, "packing": args.packing,
+              "torch_compile": args.torch_compile, "gradient_checkpointing": args.gradient_checkpointing,
+              "per_device_train_batch_size": args.per_device_train_batch_size,
+              "gradient_accumulation_steps": args.gradient_accumulation_steps, "notes": notes}
+    return args, levers
+
+
+def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=()) -> tuple[SFTTrainer, dict]:
+    """SFTTrainer for the `model`, `train` and `lora` params, and a record of the implementations that run."""
+    args, levers = sft_args(params.train.sft.to_dict(), output_dir, params.train.checkpoint_steps)
+    tokenizer = load_tokenizer(base)
+    model = load_model(base, params.model, device_map=training_device_map())
+    model.config.use_cache = False
+    liger = apply_liger(model, params.train.liger)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
+                         peft_config=lora_config(params.lora), callbacks=list(callbacks))
+    if levers["padding_free"] and not args.padding_free:
+        trainer.data_collator.padding_free = trainer.padding_free = True
+    record = {"attention": model.config._attn_implementation,
+              "experts": getattr(model.config, "_experts_implementation", None), "liger": liger, **levers}
+    log.warning("training with %s", record)
+    return trainer, record
+
+
+class StopOnSignal(TrainerCallback):
+    """SIGTERM or SIGINT: finish the current optimizer step, save a checkpoint, and stop, so a re-run resumes
+    with no step lost. Every process stops at the same step (the flag is reduced across them)."""
+
+    def __init__(self):
+        self.received = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._note)
+
+    def _note(self, signum, frame):
+        self.received = signum
+
+    def on_step_end(self, args, state, control, **kwargs):
+        stop = torch.tensor(float(self.received is not None), device=args.device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
+        if stop.item():
+            self.received = self.received or signal.SIGTERM
+            control.should_save = control.should_training_stop = True
+        return control
