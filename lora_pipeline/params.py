@@ -62,6 +62,8 @@ class Data(_Section):
     builtin_rows: int = Field(1500, ge=10)
     builtin_seed: int = 0
     max_rows: int = Field(0, ge=0)  # 0 keeps every row
+    bad_rows: Literal["drop", "fail"]  # drop: drop and count each bad row; fail: stop at the first, naming it
+    max_chars: int = Field(ge=0)  # rows with more characters of text are bad rows ("too_long"); 0: no limit
 
     @model_validator(mode="after")
     def _name_when_needed(self):
@@ -170,7 +172,7 @@ warnings.filterwarnings("ignore", message='Field name "register"', category=User
 
 
 class Params(_Section):
-    data: Data = Data()
+    data: Data  # no default: bad_rows and max_chars are set in params.yaml only
     model: Model = Model()
     split: Split = Split()
     train: Train = Train()
