@@ -11,6 +11,7 @@ from pathlib import Path
 from lora_pipeline.chat import Problem, conversation_chars, row_problem
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
+LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
 
 
 class DataError(ValueError):

@@ -24,6 +24,16 @@ def test_local_data_and_model_must_exist(tmp_path, monkeypatch):
     check_model(Model())
 
 
+@pytest.mark.parametrize("name", ["rows.jsonl", "data/rows.jsonl", "data/local/../rows.jsonl"])
+def test_local_data_lives_under_data_local(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "local").mkdir(parents=True)
+    (tmp_path / "data" / "rows.jsonl").write_text("{}")
+    (tmp_path / "rows.jsonl").write_text("{}")
+    with pytest.raises(ValueError, match=r"data.name: local data files live under data/local/"):
+        check_data(local_data(name))
+
+
 def test_eval_languages_and_mgsm_files(tmp_path):
     with pytest.raises(ValueError, match=r"unknown codes \['xx'\]"):
         check_eval(Eval(languages=["de", "xx"]))
