@@ -18,7 +18,7 @@ repro: setup
 	@echo
 	@echo "Merged model:      models/merged (adapter: models/adapter)"
 	@echo "Registered model:  models/registered.json  (mlflow ui --backend-store-uri sqlite:///mlflow.db)"
-	@echo "Metrics:           metrics/train.json metrics/merge.json metrics/eval.json"
+	@echo "Metrics:           metrics/data.json metrics/split.json metrics/train.json metrics/merge.json metrics/eval.json"
 	@echo "Plots and reports: plots/ reports/report.png reports/demo.txt"
 	@$(RUN) dvc metrics show
 

@@ -1,15 +1,19 @@
 """Checks of the inputs that params.yaml names (files, folders, language codes), cheap enough to run first."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from lora_pipeline.data import LOCAL_FORMATS
+from lora_pipeline.data import LOCAL_DIR, LOCAL_FORMATS
 from lora_pipeline.metrics import LANGUAGE_NAMES, mgsm_files
 
 
 def check_data(data) -> None:
     if data.source == "local":
         path = Path(data.name)
+        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(LOCAL_DIR)):
+            raise ValueError(f"data.name: local data files live under {LOCAL_DIR}/ (a dependency of fetch, so "
+                             f"editing one re-runs it); move {path} there")
         if not path.is_file():
             raise FileNotFoundError(f"data.name: local data file {path} does not exist")
         if path.suffix not in LOCAL_FORMATS:

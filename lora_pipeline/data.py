@@ -1,34 +1,193 @@
-"""Reading data sets from the built-in generator, the Hugging Face Hub or a local file, as plain rows."""
+"""Reading data sets (built-in, Hugging Face Hub, local files) as checked rows, and the seeded train/test split."""
 from __future__ import annotations
 
+import csv
+import io
 import json
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
+from lora_pipeline.chat import Problem, conversation_chars, row_problem
+
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
+LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
 
 
-def load_rows(data_params) -> list[dict]:
-    """All rows of the configured source, as dicts (messages as lists, whatever the file format)."""
+class DataError(ValueError):
+    """The data cannot be used; the message names the file, the row or line, and the field."""
+
+
+@dataclass
+class SourceRow:
+    """One row as read, or the problem met reading it, with where it is in its source."""
+    number: int  # 1-based among the source's rows
+    row: dict | Problem
+    line: int | None = None  # text files: the line the row starts on
+
+    def where(self, label: str) -> str:
+        line = f" (line {self.line})" if self.line is not None and self.line != self.number else ""
+        return f"{label} row {self.number}{line}"
+
+
+def load_rows(data_params) -> tuple[list[dict], dict]:
+    """The usable rows of the configured source, and what reading them found (rows in, kept, dropped per reason)."""
+    label, source_rows = read_source(data_params)
+    if data_params.max_rows:
+        source_rows = source_rows[: data_params.max_rows]
+    return clean_rows(source_rows, label, data_params.bad_rows, data_params.max_chars)
+
+
+def read_source(data_params) -> tuple[str, list[SourceRow]]:
+    """(label naming the source in messages, its rows) for builtin, hub or local data."""
     if data_params.source == "builtin":
         from lora_pipeline import builtin_data
 
-        return builtin_data.generate(data_params.builtin_rows, data_params.builtin_seed)
-    import datasets
-
+        rows = builtin_data.generate(data_params.builtin_rows, data_params.builtin_seed)
+        return "builtin data", [SourceRow(i, row) for i, row in enumerate(rows, 1)]
     if data_params.source == "hub":
-        dataset = datasets.load_dataset(data_params.name, revision=data_params.revision, split=data_params.hub_split)
-    else:
-        from lora_pipeline.checks import check_data
+        import datasets
 
-        check_data(data_params)
-        path = Path(data_params.name)
-        extra = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
-        dataset = datasets.load_dataset(LOCAL_FORMATS[path.suffix], data_files=str(path), split="train", **extra)
-    rows = dataset.to_list()
-    for row in rows:  # csv/tsv hold messages as JSON text
-        if isinstance(row.get("messages"), str):
-            row["messages"] = json.loads(row["messages"])
+        dataset = datasets.load_dataset(data_params.name, revision=data_params.revision, split=data_params.hub_split)
+        label = f"{data_params.name} ({data_params.hub_split})"
+        return label, [SourceRow(i, decode_messages(row)) for i, row in enumerate(dataset.to_list(), 1)]
+    from lora_pipeline.checks import check_data
+
+    check_data(data_params)
+    return data_params.name, read_local(Path(data_params.name), data_params.name)
+
+
+def read_local(path: Path, label: str) -> list[SourceRow]:
+    """Rows of a .jsonl/.json/.parquet/.csv/.tsv file; a file that cannot be read at all raises DataError."""
+    if path.suffix == ".parquet":
+        rows = [SourceRow(i, decode_messages(row)) for i, row in enumerate(_parquet_rows(path, label), 1)]
+    else:
+        text = _utf8_text(path, label)
+        if path.suffix in (".csv", ".tsv"):
+            rows = _csv_rows(text, label, "\t" if path.suffix == ".tsv" else ",")
+        elif path.suffix == ".json" and text.lstrip().startswith("["):
+            rows = _json_array_rows(text, label)
+        else:
+            rows = _json_lines_rows(text)
+    if not rows:
+        raise DataError(f"{label}: has no rows")
     return rows
+
+
+def _utf8_text(path: Path, label: str) -> str:
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise DataError(f"{label}: the file is empty")
+    try:
+        return raw.decode("utf-8-sig")  # a byte-order mark (as spreadsheet programs write) is not data
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(f"{label} line {line}: not valid UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start}); "
+                        "save the file as UTF-8") from None
+
+
+def _json_lines_rows(text: str) -> list[SourceRow]:
+    rows = []
+    for line_no, line in enumerate(text.split("\n"), 1):  # not splitlines(): JSON text may hold U+2028 and the like
+        if not line.strip():
+            continue
+        try:
+            row = decode_messages(json.loads(line))
+        except json.JSONDecodeError as exc:
+            row = Problem("invalid_json", f"line {line_no}: not valid JSON ({exc.msg} at column {exc.colno})")
+        rows.append(SourceRow(len(rows) + 1, row, line_no))
+    return rows
+
+
+def _json_array_rows(text: str, label: str) -> list[SourceRow]:
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{label} line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    return [SourceRow(i, decode_messages(row)) for i, row in enumerate(rows, 1)]
+
+
+def _csv_rows(text: str, label: str, delimiter: str) -> list[SourceRow]:
+    """CSV/TSV rows; the messages column holds each conversation as JSON text."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    try:
+        header = next(reader)
+        if "messages" not in header:
+            raise DataError(f"{label} line 1: no 'messages' column (columns: {', '.join(header)})")
+        rows, line = [], reader.line_num + 1
+        for cells in reader:
+            if cells:
+                row = dict(zip(header, cells)) if len(cells) == len(header) else Problem(
+                    "wrong_column_count", f"row: {len(cells)} cells for {len(header)} columns")
+                rows.append(SourceRow(len(rows) + 1, decode_messages(row), line))
+            line = reader.line_num + 1  # the next row starts after the lines this one spanned
+    except csv.Error as exc:
+        raise DataError(f"{label} line {reader.line_num}: {exc}") from None
+    return rows
+
+
+def _parquet_rows(path: Path, label: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise DataError(f"{label}: cannot be read as Parquet ({exc})") from None
+    if "messages" not in table.column_names:
+        raise DataError(f"{label}: no 'messages' column (columns: {', '.join(table.column_names)})")
+    return table.to_pylist()
+
+
+def decode_messages(row):
+    """The row with `messages` given as JSON text (csv/tsv cells, some Hub sets) parsed; a Problem if it is not JSON."""
+    if not isinstance(row, dict) or not isinstance(row.get("messages"), str):
+        return row
+    try:
+        return {**row, "messages": json.loads(row["messages"])}
+    except json.JSONDecodeError as exc:
+        return Problem("messages_not_json",
+                       f"messages: text that is not valid JSON ({exc.msg} at column {exc.colno}): {row['messages']!r:.60}")
+
+
+def clean_rows(source_rows: list[SourceRow], label: str, bad_rows: str, max_chars: int) -> tuple[list[dict], dict]:
+    """Usable rows, first copies only; a bad row raises DataError (bad_rows 'fail') or is dropped and counted."""
+    kept, dropped, first_seen = [], Counter(), {}
+    for source_row in source_rows:
+        problem = _problem(source_row, max_chars, first_seen)
+        if problem is None:
+            kept.append(source_row.row)
+        elif bad_rows == "fail":
+            raise DataError(f"{source_row.where(label)}: {problem.detail}")
+        else:
+            dropped[problem.reason] += 1
+    if not kept:
+        filters = ", ".join(f"{reason} ({n})" for reason, n in dropped.most_common())
+        limit = f" (data.max_chars {max_chars})" if "too_long" in dropped else ""
+        raise DataError(f"{label}: no usable rows left of {len(source_rows)}; removed by {filters}{limit}")
+    return kept, {"rows_in": len(source_rows), "rows_kept": len(kept), "dropped": dict(sorted(dropped.items()))}
+
+
+def _problem(source_row: SourceRow, max_chars: int, first_seen: dict) -> Problem | None:
+    """The schema problem, the length limit, then exact duplicates (the same messages as an earlier kept row)."""
+    row = source_row.row
+    if isinstance(row, Problem):
+        return row
+    problem = row_problem(row)
+    if problem:
+        return problem
+    chars = conversation_chars(row)
+    if max_chars and chars > max_chars:
+        return Problem("too_long", f"messages: {chars} characters of text, over data.max_chars {max_chars}")
+    key = messages_key(row["messages"])
+    if key in first_seen:
+        return Problem("duplicate", f"messages: the same conversation as row {first_seen[key]}")
+    first_seen[key] = source_row.number
+    return None
+
+
+def messages_key(messages: list[dict]) -> str:
+    """Messages as canonical JSON (a missing `thinking` and a null one are the same)."""
+    return json.dumps([{**m, "thinking": m.get("thinking")} for m in messages], sort_keys=True, ensure_ascii=False)
 
 
 def write_jsonl(rows: list[dict], path: Path) -> None:
@@ -57,3 +216,19 @@ def split_rows(rows: list[dict], test_size: float, seed: int) -> tuple[list[dict
     train = [rows[i] for i in order if i not in test_idx]
     test = [rows[i] for i in order[:n_test]]
     return train, test
+
+
+def prompt_key(row: dict) -> str:
+    """What a model is asked in a row: every message before its last assistant turn, as canonical JSON."""
+    messages = row["messages"]
+    last_assistant = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return messages_key(messages[:last_assistant])
+
+
+def remove_test_prompts(train: list[dict], test: list[dict]) -> tuple[list[dict], int]:
+    """Train rows that ask what a test row asks leak the test answer: (train without them, how many went)."""
+    test_prompts = {prompt_key(row) for row in test}
+    kept = [row for row in train if prompt_key(row) not in test_prompts]
+    if not kept:
+        raise DataError(f"every one of {len(train)} train rows asks what a test row asks")
+    return kept, len(train) - len(kept)

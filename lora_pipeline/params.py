@@ -55,13 +55,15 @@ class TinyModel(_Section):
 
 
 class Data(_Section):
-    source: Literal["builtin", "hub", "local"] = "builtin"
-    name: str = ""  # Hub dataset id (hub) or file path (local: .jsonl .json .parquet .csv .tsv)
-    revision: str = "main"
-    hub_split: str = "train"
-    builtin_rows: int = Field(1500, ge=10)
-    builtin_seed: int = 0
-    max_rows: int = Field(0, ge=0)  # 0 keeps every row
+    source: Literal["builtin", "hub", "local"]
+    name: str  # Hub dataset id (hub) or file path (local: .jsonl .json .parquet .csv .tsv)
+    revision: str
+    hub_split: str
+    builtin_rows: int = Field(ge=10)
+    builtin_seed: int
+    max_rows: int = Field(ge=0)  # 0 keeps every row
+    bad_rows: Literal["drop", "fail"]  # drop: drop and count each bad row; fail: stop at the first, naming it
+    max_chars: int = Field(ge=0)  # rows with more characters of text are bad rows ("too_long"); 0: no limit
 
     @model_validator(mode="after")
     def _name_when_needed(self):

@@ -1,27 +1,34 @@
-"""fetch: the data set to data/raw and the base model to models/base.
+"""fetch: the data set's usable rows to data/raw (counts in metrics/data.json) and the base model to models/base.
 
     python -m stages.fetch
+A bad row stops the stage with one line naming the file, row and field (data.bad_rows: fail), or is dropped and
+counted per reason (drop).
 """
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from lora_pipeline.checks import check_model
-from lora_pipeline.data import load_rows, write_jsonl
+from lora_pipeline.data import DataError, load_rows, write_jsonl
 from lora_pipeline.params import load_params
 
-RAW, BASE = Path("data/raw"), Path("models/base")
+RAW, BASE, METRICS = Path("data/raw"), Path("models/base"), Path("metrics/data.json")
 
 params = load_params("fetch")
 data, model = params.data, params.model
 
-rows = load_rows(data)
-if data.max_rows:
-    rows = rows[: data.max_rows]
+try:
+    rows, counts = load_rows(data)
+except DataError as exc:
+    sys.exit(f"fetch: {exc}")
 write_jsonl(rows, RAW / "data.jsonl")
 source = {"source": data.source, "name": data.name, "revision": data.revision, "rows": len(rows)}
 (RAW / "source.json").write_text(json.dumps(source, indent=2) + "\n")
-print(f"data: {len(rows)} rows from {data.source} {data.name} -> {RAW}")
+METRICS.parent.mkdir(exist_ok=True)
+METRICS.write_text(json.dumps(counts, indent=2) + "\n")
+dropped = ", ".join(f"{n} {reason}" for reason, n in counts["dropped"].items())
+print(f"data: {len(rows)} rows from {data.source} {data.name} -> {RAW}" + (f" (dropped: {dropped})" if dropped else ""))
 
 if BASE.exists():
     shutil.rmtree(BASE)

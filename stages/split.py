@@ -1,23 +1,26 @@
-"""split: check every row's schema, then a seeded train/test split to data/split.
+"""split: a seeded train/test split to data/split; train rows that ask what a test row asks are removed.
 
     python -m stages.split
+Rows were checked by fetch. Counts go to metrics/split.json.
 """
 import json
+import sys
 from pathlib import Path
 
-from lora_pipeline.chat import check_row
-from lora_pipeline.data import read_jsonl, split_rows, write_jsonl
+from lora_pipeline.data import DataError, read_jsonl, remove_test_prompts, split_rows, write_jsonl
 from lora_pipeline.params import load_params
 
-RAW, OUT = Path("data/raw/data.jsonl"), Path("data/split")
+RAW, OUT, METRICS = Path("data/raw/data.jsonl"), Path("data/split"), Path("metrics/split.json")
 
 params = load_params("split")
-rows = read_jsonl(RAW)
-for i, row in enumerate(rows):
-    check_row(row, where=f"{RAW} row {i}")
-
-train, test = split_rows(rows, params.split.test_size, params.split.seed)
+train, test = split_rows(read_jsonl(RAW), params.split.test_size, params.split.seed)
+try:
+    train, removed = remove_test_prompts(train, test)
+except DataError as exc:
+    sys.exit(f"split: {exc}")
 write_jsonl(train, OUT / "train.jsonl")
 write_jsonl(test, OUT / "test.jsonl")
-(OUT / "summary.json").write_text(json.dumps({"train_rows": len(train), "test_rows": len(test)}, indent=2) + "\n")
-print(f"split: {len(train)} train, {len(test)} test rows -> {OUT}")
+counts = {"train_rows": len(train), "test_rows": len(test), "train_test_duplicates_removed": removed}
+METRICS.parent.mkdir(exist_ok=True)
+METRICS.write_text(json.dumps(counts, indent=2) + "\n")
+print(f"split: {len(train)} train, {len(test)} test rows -> {OUT}; {removed} train rows removed that ask what a test row asks")

@@ -23,6 +23,7 @@ COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_ca
 def copy_repo(dest: Path) -> Path:
     """The project's files (no outputs) in a fresh git repository at dest."""
     shutil.copytree(ROOT, dest, ignore=COPY_IGNORE)
+    shutil.copytree(ROOT / "data" / "local", dest / "data" / "local")  # local data files: a dependency of fetch
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
         subprocess.run(cmd, cwd=dest, check=True, env=git_env())
     return dest

@@ -6,16 +6,32 @@ from lora_pipeline.checks import check_data, check_eval, check_model, check_regi
 from lora_pipeline.params import Data, Eval, Mgsm, Model, Register
 
 
-def test_local_data_and_model_must_exist(tmp_path):
+def local_data(name: str) -> Data:
+    return Data(source="local", name=name, bad_rows="fail", max_chars=0)
+
+
+def test_local_data_and_model_must_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "local").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="data.name: .*nope.jsonl does not exist"):
-        check_data(Data(source="local", name=str(tmp_path / "nope.jsonl")))
-    (tmp_path / "rows.xlsx").write_text("x")
+        check_data(local_data("data/local/nope.jsonl"))
+    (tmp_path / "data" / "local" / "rows.xlsx").write_text("x")
     with pytest.raises(ValueError, match="data.name: .*rows.xlsx has suffix"):
-        check_data(Data(source="local", name=str(tmp_path / "rows.xlsx")))
+        check_data(local_data("data/local/rows.xlsx"))
     with pytest.raises(FileNotFoundError, match=r"model.name: .* is not a model folder \(no config.json\)"):
         check_model(Model(source="local", name=str(tmp_path)))
-    check_data(Data())  # builtin needs no file
+    check_data(Data(bad_rows="fail", max_chars=0))  # builtin needs no file
     check_model(Model())
+
+
+@pytest.mark.parametrize("name", ["rows.jsonl", "data/rows.jsonl", "data/local/../rows.jsonl"])
+def test_local_data_lives_under_data_local(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "local").mkdir(parents=True)
+    (tmp_path / "data" / "rows.jsonl").write_text("{}")
+    (tmp_path / "rows.jsonl").write_text("{}")
+    with pytest.raises(ValueError, match=r"data.name: local data files live under data/local/"):
+        check_data(local_data(name))
 
 
 def test_eval_languages_and_mgsm_files(tmp_path):

@@ -31,6 +31,8 @@ def test_every_declared_key_exists(stage):
     ("train.accelerate_config", "nope", "configs/accelerate/nope.yaml"),
     ("model.source", "gpt-5", "model.source"),
     ("split.test_size", 0, "split.test_size"),
+    ("data.bad_rows", "skip", "data.bad_rows"),
+    ("data.max_chars", -1, "data.max_chars"),
 ])
 def test_bad_value_names_the_key(key, value, fragment):
     raw = shipped()
@@ -79,6 +81,14 @@ def test_missing_key_is_rejected():
     raw = shipped()
     del raw["lora"]["r"]  # the schema holds no second default that would hide it
     with pytest.raises(ParamsError, match=r"lora\.r: Field required"):
+        validate(raw)
+
+
+@pytest.mark.parametrize("key", ["bad_rows", "max_chars"])
+def test_data_keys_without_a_default_are_required(key):
+    raw = shipped()
+    del raw["data"][key]
+    with pytest.raises(ParamsError, match=rf"data\.{key}: Field required"):
         validate(raw)
 
 

@@ -1,0 +1,50 @@
+"""The fetch stage on a local file, through DVC: edits re-run it, bad rows are counted or stop it with one line."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import copy_repo, run, run_env, set_params
+from lora_pipeline import builtin_data
+
+ROWS = builtin_data.generate(30, seed=2)
+NO_ANSWER = {"messages": [{"role": "user", "content": "hello?"}]}
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """A copy of the repository that reads data/local/mydata.jsonl and builds the smallest tiny model."""
+    repo = copy_repo(tmp_path_factory.mktemp("fetch") / "repo")
+    set_params(repo, **{"data.source": "local", "data.name": "data/local/mydata.jsonl", "data.bad_rows": "drop",
+                        "model.tiny.pretrain_steps": 0, "model.tiny.vocab_size": 300})
+    return repo
+
+
+def test_editing_the_local_file_reruns_fetch_and_counts_dropped_rows(repo):
+    write_rows(repo / "data/local/mydata.jsonl", ROWS[:20] + [NO_ANSWER])
+    assert "Running stage 'fetch'" in run(["dvc", "repro", "fetch"], repo)
+    metrics = json.loads((repo / "metrics/data.json").read_text())
+    assert metrics == {"rows_in": 21, "rows_kept": 20, "dropped": {"no_assistant_turn": 1}}
+    assert "Running stage 'fetch'" not in run(["dvc", "repro", "fetch"], repo)  # nothing changed
+
+    write_rows(repo / "data/local/mydata.jsonl", ROWS[:20] + [NO_ANSWER, ROWS[0], ROWS[20]])
+    assert "data/local" in run(["dvc", "status", "fetch"], repo)
+    assert "Running stage 'fetch'" in run(["dvc", "repro", "fetch"], repo)
+    metrics = json.loads((repo / "metrics/data.json").read_text())
+    assert metrics == {"rows_in": 23, "rows_kept": 21, "dropped": {"duplicate": 1, "no_assistant_turn": 1}}
+    assert "metrics/data.json" in run(["dvc", "metrics", "show"], repo)
+
+
+def test_a_bad_row_stops_fetch_with_one_line(repo):
+    write_rows(repo / "data/local/mydata.jsonl", ROWS[:5] + [NO_ANSWER])
+    set_params(repo, **{"data.bad_rows": "fail"})
+    proc = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=repo, env=run_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == ("fetch: data/local/mydata.jsonl row 6: messages: no assistant turn to learn from "
+                                   "(roles ['user'])")
