@@ -1,13 +1,26 @@
 """Input checks that the validate stage runs before any other stage."""
 import pytest
+import yaml
 
 from conftest import MGSM
 from lora_pipeline.checks import check_data, check_eval, check_model, check_register
-from lora_pipeline.params import Data, Eval, Mgsm, Model, Register
+from conftest import ROOT
+from lora_pipeline.params import Data, Eval, Model, Register
+
+SHIPPED = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def shipped(cls, section: str, **changes):
+    """A params section as params.yaml ships it, with some keys changed."""
+    return cls.model_validate({**SHIPPED[section], **changes})
+
+
+def mgsm_eval(**mgsm_changes) -> Eval:
+    return shipped(Eval, "eval", mgsm={**SHIPPED["eval"]["mgsm"], **mgsm_changes})
 
 
 def local_data(name: str) -> Data:
-    return Data(source="local", name=name, bad_rows="fail", max_chars=0)
+    return shipped(Data, "data", source="local", name=name, bad_rows="fail", max_chars=0)
 
 
 def test_local_data_and_model_must_exist(tmp_path, monkeypatch):
@@ -19,9 +32,9 @@ def test_local_data_and_model_must_exist(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="data.name: .*rows.xlsx has suffix"):
         check_data(local_data("data/local/rows.xlsx"))
     with pytest.raises(FileNotFoundError, match=r"model.name: .* is not a model folder \(no config.json\)"):
-        check_model(Model(source="local", name=str(tmp_path)))
-    check_data(Data(bad_rows="fail", max_chars=0))  # builtin needs no file
-    check_model(Model())
+        check_model(shipped(Model, "model", source="local", name=str(tmp_path)))
+    check_data(shipped(Data, "data"))  # builtin needs no file
+    check_model(shipped(Model, "model"))
 
 
 @pytest.mark.parametrize("name", ["rows.jsonl", "data/rows.jsonl", "data/local/../rows.jsonl"])
@@ -36,20 +49,20 @@ def test_local_data_lives_under_data_local(tmp_path, monkeypatch, name):
 
 def test_eval_languages_and_mgsm_files(tmp_path):
     with pytest.raises(ValueError, match=r"unknown codes \['xx'\]"):
-        check_eval(Eval(languages=["de", "xx"]))
+        check_eval(shipped(Eval, "eval", languages=["de", "xx"]))
     with pytest.raises(FileNotFoundError, match="not a folder"):
-        check_eval(Eval(mgsm=Mgsm(path=str(tmp_path / "missing"))))
-    check_eval(Eval(mgsm=Mgsm(path="")))  # skipped
+        check_eval(mgsm_eval(path=str(tmp_path / "missing")))
+    check_eval(mgsm_eval(path=""))  # skipped
 
 
 @pytest.mark.skipif(not MGSM.is_dir(), reason=f"MGSM not at {MGSM}")
 def test_mgsm_language_without_its_file():
-    check_eval(Eval(mgsm=Mgsm(path=str(MGSM), languages=["de", "zh", "ru"])))
+    check_eval(mgsm_eval(path=str(MGSM), languages=["de", "zh", "ru"]))
     with pytest.raises(FileNotFoundError, match="mgsm_sw.tsv"):
-        check_eval(Eval(mgsm=Mgsm(path=str(MGSM), languages=["de", "sw"])))
+        check_eval(mgsm_eval(path=str(MGSM), languages=["de", "sw"]))
 
 
 def test_gate_metric_names_its_metrics_file():
-    check_register(Register(gate_metric="eval.test.loss"))
+    check_register(shipped(Register, "register", gate_metric="eval.test.loss"))
     with pytest.raises(ValueError, match="register.gate_metric 'compliance.overall'"):
-        check_register(Register(gate_metric="compliance.overall"))
+        check_register(shipped(Register, "register", gate_metric="compliance.overall"))

@@ -5,9 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import ROOT
 from lora_pipeline import builtin_data
 from lora_pipeline.chat import row_problem
 from lora_pipeline.data import (DataError, SourceRow, clean_rows, load_rows, prompt_key, read_jsonl, read_local,
@@ -16,6 +18,11 @@ from lora_pipeline.params import Data
 
 ROWS = builtin_data.generate(50, seed=1)
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def data_params(**changes) -> Data:
+    """The data section as params.yaml ships it, with some keys changed."""
+    return Data.model_validate({**yaml.safe_load((ROOT / "params.yaml").read_text())["data"], **changes})
 
 
 def turn(role, content, thinking=None):
@@ -35,7 +42,7 @@ def local(tmp_path, monkeypatch, name: str, content, bad_rows="fail", max_chars=
     path = Path("data/local") / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
-    return Data(source="local", name=str(path), bad_rows=bad_rows, max_chars=max_chars)
+    return data_params(source="local", name=str(path), bad_rows=bad_rows, max_chars=max_chars)
 
 
 def jsonl(*rows) -> str:
@@ -179,14 +186,14 @@ def test_hub_rows_are_checked_under_the_data_set_name(monkeypatch):
 
     hub_rows = [{"messages": json.dumps(GOOD[0]["messages"])}, {"messages": json.dumps([turn("user", "a")])}]
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(hub_rows))
-    data = Data(source="hub", name="org/set", bad_rows="fail", max_chars=0)
+    data = data_params(source="hub", name="org/set", bad_rows="fail", max_chars=0)
     with pytest.raises(DataError, match=r"^org/set \(train\) row 2: messages: no assistant turn"):
         load_rows(data)
     assert load_rows(data.model_copy(update={"bad_rows": "drop"}))[0] == [GOOD[0]]
 
 
 def test_builtin_rows_are_all_usable():
-    rows, counts = load_rows(Data(builtin_rows=300, bad_rows="fail", max_chars=20000))
+    rows, counts = load_rows(data_params(builtin_rows=300, bad_rows="fail", max_chars=20000))
     assert len(rows) == 300 and counts == {"rows_in": 300, "rows_kept": 300, "dropped": {}}
 
 
