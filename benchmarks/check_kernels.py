@@ -59,7 +59,9 @@ def compare(name, reference, stock, candidate):
     (ref_logits, ref_loss), (st_logits, st_loss), (c_logits, c_loss) = reference, stock, candidate
     stock_err = (st_logits - ref_logits).abs().max().item()
     cand_err = (c_logits - ref_logits).abs().max().item()
-    row = {"check": name, "stock_bf16_vs_fp32_max_abs_logit": stock_err, "swap_bf16_vs_fp32_max_abs_logit": cand_err,
+    rel = lambda x: ((x - ref_logits).norm() / ref_logits.norm()).item()  # noqa: E731
+    row = {"check": name, "stock_bf16_vs_fp32_rel_logit": rel(st_logits), "swap_bf16_vs_fp32_rel_logit": rel(c_logits),
+           "stock_bf16_vs_fp32_max_abs_logit": stock_err, "swap_bf16_vs_fp32_max_abs_logit": cand_err,
            "swap_vs_stock_max_abs_logit": (c_logits - st_logits).abs().max().item(),
            "loss_fp32": ref_loss.item(), "loss_stock_bf16": st_loss.item(), "loss_swap_bf16": c_loss.item(),
            "tolerance": 2 * stock_err + 1e-2}

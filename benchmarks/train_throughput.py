@@ -134,6 +134,8 @@ def main():
                         help="standard: the seed baseline's random token ids (for tokens/s); builtin: real text")
     parser.add_argument("--checkpoint", default="/tmp/bench-base", help="where the random-init model is written")
     parser.add_argument("--label", default="", help="a name for this configuration in the output")
+    parser.add_argument("--profile", help="after the timed steps, profile 3 more with torch.profiler; write the top "
+                        "kernels to this file")
     parser.add_argument("--seed-result", help="the seed baseline's JSON lines from the same call: adds the ratio")
     parser.add_argument("--commit", default="", help="the project's git commit, recorded with the result")
     parser.add_argument("--out", help="append the JSON line to this file")
@@ -150,7 +152,8 @@ def main():
         set_key(raw, key, value if isinstance(value, str) else json.dumps(value))
     warm = WARM_STEPS[args.arch]
     raw["train"]["checkpoint_steps"] = 0
-    raw["train"]["sft"] |= {"max_steps": warm + args.steps, "logging_steps": 1, "num_train_epochs": 1}
+    profiled = 3 if args.profile else 0
+    raw["train"]["sft"] |= {"max_steps": warm + args.steps + profiled, "logging_steps": 1, "num_train_epochs": 1}
     params = StageParams(validate(raw, source=args.recipe), "benchmark", ["model", "train", "lora"])
     checkpoint = Path(args.checkpoint)
     if state.is_main_process and not (checkpoint / "config.json").is_file():
@@ -166,6 +169,13 @@ def main():
             torch.cuda.synchronize()
             if s.global_step in (warm, warm + args.steps):
                 marks[s.global_step] = (time.perf_counter(), tokens[0])
+            if profiled and s.global_step == warm + args.steps:
+                profiler.start()
+            if profiled and s.global_step == warm + args.steps + profiled:
+                profiler.stop()
+
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                  torch.profiler.ProfilerActivity.CUDA]) if profiled else None
 
     rows = workload(**WORKLOADS[args.arch]) if args.workload == "standard" else builtin_workload(2000, 0)
     trainer, implementations = build_trainer(params, checkpoint, Dataset.from_list(rows), Path("/tmp/bench-out"),
@@ -179,6 +189,9 @@ def main():
 
     trainer.data_collator = counting
     trainer.train()
+    if profiled and state.is_main_process:
+        table = profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
+        Path(args.profile).write_text(f"{args.recipe} {args.set} ({profiled} optimizer steps)\n{table}\n")
     (t0, k0), (t1, k1) = marks[warm], marks[warm + args.steps]
     local = torch.tensor([k1 - k0, t1 - t0, torch.cuda.max_memory_allocated() / 2**30], device="cuda")
     gathered = trainer.accelerator.gather(local[None]).cpu()  # one row per process
