@@ -3,6 +3,7 @@
 # code on the same GPUs in one go; one JSON line per run appended to bench/results.jsonl (ratio = ours / seed).
 #   1 GPU:  the recipe's fast settings at the seed's 1-GPU global batch (Qwen2-0.5B 32, gpt-oss-20b 16)
 #   N GPUs: the same per-GPU micro-batch on every visible GPU (global batch stated in each line)
+# PROFILE=<path prefix> also writes torch.profiler's top kernels of each run.
 # Needs torch, transformers, peft, accelerate, trl, datasets, liger-kernel (requirements-gpu.txt).
 set -euo pipefail
 RECIPE=${1:?usage: benchmarks/bench.sh <qwen2-0.5b|gpt-oss-20b> [extra train_throughput.py args]}
@@ -31,7 +32,8 @@ for n in 1 $( [ "$GPUS" -ge 2 ] && echo "$GPUS"); do
     $( [ "$n" -gt 1 ] && echo --multi_gpu ) --mixed_precision no --dynamo_backend no \
     benchmarks/train_throughput.py --recipe "recipes/$RECIPE.yaml" --arch "$RECIPE" --checkpoint "/tmp/bench-$RECIPE" \
     --set "train.sft.per_device_train_batch_size=$micro" --set "train.sft.gradient_accumulation_steps=$accum" \
-    --seed-result "$RUNS/seed.jsonl" --commit "$COMMIT" --label fast --out "$RESULTS" "$@" 2>&1 | grep -E '^\{|Error' || true
+    --seed-result "$RUNS/seed.jsonl" --commit "$COMMIT" --label fast --out "$RESULTS" \
+    ${PROFILE:+--profile "$PROFILE-$RECIPE-${n}gpu.txt"} "$@" 2>&1 | grep -E '^\{|Error' || true
 done
 echo "=== $RESULTS (last lines)"
 tail -n 3 "$RESULTS" | python3 -c "
