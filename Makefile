@@ -26,10 +26,12 @@ test: setup
 	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q tests
 
 # make recipe RECIPE=gpt-oss-20b: the recipe's params become params.yaml, then one DVC experiment of it.
+# SEED=1 runs it with the seed notebook's exact training settings (recipes/seed/<recipe>.yaml, as -S sets).
+SEED_SETS = $(if $(SEED),$(shell sed -n 's/^\([a-z0-9_.]*\): *\([^ #]*\).*/-S \1=\2/p' recipes/seed/$(RECIPE).yaml))
 recipe: setup
 	@test -f recipes/$(RECIPE).yaml || { echo "no recipes/$(RECIPE).yaml; have: $$(ls recipes)"; exit 1; }
 	cp recipes/$(RECIPE).yaml params.yaml
-	$(RUN) dvc exp run -n $(RECIPE)
+	$(RUN) dvc exp run -n $(RECIPE)$(if $(SEED),-seed) $(SEED_SETS)
 
 # make bench RECIPE=qwen2-0.5b (on a GPU machine): seed baseline and ours in one go -> bench/results.jsonl
 bench:

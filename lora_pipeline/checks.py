@@ -81,3 +81,18 @@ def check_library_fields(train, lora) -> None:
                                "lora", "peft.LoraConfig")
     if problems:
         raise ValueError("\n".join(problems))
+
+
+def check_machine(model, train) -> None:
+    """Settings this machine cannot run: mixed precision and flash attention need a GPU (flex attention falls back)."""
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        if train.sft.bf16 or train.sft.fp16:
+            raise ValueError("train.sft.bf16 / train.sft.fp16: mixed precision needs a CUDA GPU and none is present; "
+                             "set both to false to train on the CPU")
+    elif model.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ValueError("model.attn_implementation: flash_attention_2 needs the flash-attn package, which is not "
+                         "installed; use flex_attention or sdpa")

@@ -18,6 +18,7 @@ for stage in ("fetch", "split", "train", "merge", "evaluate", "register"):
 checks.check_data(params.data)
 checks.check_model(params.model)
 checks.check_library_fields(params.train, params.lora)
+checks.check_machine(params.model, params.train)
 checks.check_eval(params.eval)
 checks.check_register(params.register)
 OUT.parent.mkdir(exist_ok=True)

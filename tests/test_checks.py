@@ -66,3 +66,17 @@ def test_gate_metric_names_its_metrics_file():
     check_register(shipped(Register, "register", gate_metric="eval.test.loss"))
     with pytest.raises(ValueError, match="register.gate_metric 'compliance.overall'"):
         check_register(shipped(Register, "register", gate_metric="compliance.overall"))
+
+
+def test_mixed_precision_on_a_cpu_is_refused_before_training():
+    import torch
+
+    from lora_pipeline.checks import check_machine
+    from lora_pipeline.params import Train
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    train = shipped(Train, "train", sft={**SHIPPED["train"]["sft"], "bf16": True})
+    with pytest.raises(ValueError, match=r"train\.sft\.bf16 / train\.sft\.fp16: mixed precision needs a CUDA GPU"):
+        check_machine(shipped(Model, "model"), train)
+    check_machine(shipped(Model, "model"), shipped(Train, "train"))

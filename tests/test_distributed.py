@@ -21,5 +21,5 @@ def test_two_process_data_parallel_training(repo, tmp_path):
     assert output.count('"world_size": 2') == 1  # rank 0 alone writes and prints the metrics
     # Liger was asked for on a machine without a GPU: declined, said so, and recorded
     info = json.loads((copy / "models/adapter/training_info.json").read_text())
-    assert info["liger"] == {"applied": False, "reason": "Liger kernels need a CUDA GPU; none is present", "kernels": []}
+    assert info["implementations"]["liger"] == {"applied": False, "reason": "Liger kernels need a CUDA GPU; none is present", "kernels": []}
     assert "Liger requested but not applied" in output and metrics["liger_applied"] == 0

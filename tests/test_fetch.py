@@ -44,7 +44,7 @@ def test_a_bad_row_stops_fetch_with_one_line(repo):
     write_rows(repo / "data/local/mydata.jsonl", ROWS[:5] + [NO_ANSWER])
     set_params(repo, **{"data.bad_rows": "fail"})
     proc = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=repo, env=run_env(), capture_output=True,
-                          text=True, timeout=300)
+                          text=True)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("fetch: data/local/mydata.jsonl row 6: messages: no assistant turn to learn from "
                                    "(roles ['user'])")

@@ -99,12 +99,23 @@ def test_experiment_reruns_only_what_lora_r_affects(repo):
     assert "test" in baseline["data"]["metrics"]["metrics/eval.json"]["data"]
 
 
-def test_liger_toggle_touches_train_and_nothing_before(repo):
+@pytest.mark.parametrize("lever, value, also", [
+    ("train.liger", True, []),
+    ("train.sft.padding_free", True, []),
+    ("train.sft.torch_compile", True, []),
+    ("train.sft.gradient_checkpointing", True, []),
+    ("train.sft.per_device_train_batch_size", 8, []),
+    ("train.sft.max_grad_norm", 0.5, []),  # any SFTConfig field, not only those params.yaml lists
+    ("model.attn_implementation", "flex_attention", ["merge", "evaluate"]),
+    ("model.experts_implementation", "grouped_mm", ["merge", "evaluate"]),
+])
+def test_speed_levers_touch_train_onward_and_nothing_before(repo, lever, value, also):
     repo, _ = repo
-    with edited_params(repo, **{"train.liger": True}):
+    with edited_params(repo, **{lever: value}):
         status = json.loads(run(["dvc", "status", "--json"], repo))
     assert "train" in status and "fetch" not in status and "split" not in status, status
-    assert "merge" not in status  # its own params are unchanged; it re-runs once train's outputs change
+    # merge and evaluate re-run once train's outputs change; before that only a change of their own params shows
+    assert sorted(set(status) & {"merge", "evaluate"}) == also, status
 
 
 def test_new_evaluation_of_the_same_model_logs_a_run_but_no_version(repo):

@@ -1,0 +1,129 @@
+"""Interrupted training resumes from its last checkpoint, loses no step on SIGTERM, and ends where an
+uninterrupted run ends; a checkpoint of other params is never resumed."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+from safetensors.torch import load_file
+
+from conftest import copy_repo, run, run_env, set_params
+
+ADAPTER = "models/adapter/adapter_model.safetensors"
+SHORT_RUN = {"data.builtin_rows": 300, "model.tiny.pretrain_steps": 20, "train.sft.max_steps": 24,
+             "train.sft.logging_steps": 1, "train.checkpoint_steps": 4, "eval.prompts": 2}
+
+
+@pytest.fixture(scope="module")
+def short_repo(tmp_path_factory):
+    """A copy whose train stage runs 24 steps with a checkpoint every 4, trained once without interruption."""
+    repo = copy_repo(tmp_path_factory.mktemp("resume") / "repo")
+    set_params(repo, **SHORT_RUN)
+    run(["dvc", "repro", "train"], repo)
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-qm", "short run"], repo)
+    return repo, load_file(repo / ADAPTER)
+
+
+def checkpoints(repo):
+    folder = repo / "checkpoints"
+    return sorted(folder.glob("train-*/checkpoint-*/trainer_state.json")) if folder.is_dir() else []
+
+
+def start_training(repo, accelerate_config="cpu"):
+    """`dvc repro -f -s train` in its own process group (so a kill reaches DVC, the launcher and the worker)."""
+    set_params(repo, **{"train.accelerate_config": accelerate_config})
+    return subprocess.Popen(["dvc", "repro", "-f", "-s", "train"], cwd=repo, env=run_env(), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_checkpoint_step(proc, repo, step):
+    """Poll until a complete checkpoint at `step` or beyond exists; fail if training ends first."""
+    while not any(int(p.parent.name.split("-")[1]) >= step for p in checkpoints(repo)):
+        if proc.poll() is not None:
+            pytest.fail(f"training ended before checkpoint {step}:\n{proc.stdout.read()[-3000:]}")
+        time.sleep(0.2)
+
+
+def workers(proc):
+    """The training worker processes under DVC and the accelerate launcher."""
+    return [p for p in psutil.Process(proc.pid).children(recursive=True)
+            if "stages.train" in " ".join(p.cmdline()) and "accelerate" not in " ".join(p.cmdline())]
+
+
+def assert_same_adapter(repo, reference):
+    resumed = load_file(repo / ADAPTER)
+    assert resumed.keys() == reference.keys()
+    worst = max((resumed[k] - reference[k]).abs().max().item() / reference[k].abs().max().item() for k in reference)
+    assert worst < 1e-4, f"resumed adapter differs from the uninterrupted one by {worst:.3g} (relative)"
+
+
+def test_sigkill_of_everything_resumes_from_the_last_checkpoint(short_repo):
+    repo, reference = short_repo
+    proc = start_training(repo)
+    wait_for_checkpoint_step(proc, repo, 8)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
+    output = run(["dvc", "repro", "train"], repo)
+    assert "resuming from checkpoints/train-" in output
+    metrics = json.loads((repo / "metrics/train.json").read_text())
+    assert metrics["resumed_from_step"] == done >= 8 and metrics["steps"] == 24
+    assert_same_adapter(repo, reference)
+    assert not checkpoints(repo), "a finished run leaves no checkpoint behind"
+
+
+def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
+    repo, reference = short_repo
+    proc = start_training(repo)
+    wait_for_checkpoint_step(proc, repo, 4)
+    while not workers(proc):
+        time.sleep(0.1)
+    for worker in workers(proc):
+        worker.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate()
+    assert proc.returncode != 0, "an interrupted training must not count as done"
+    assert "checkpoint saved" in output
+    stopped_at = int(output.split("stopped by signal 15 at step ")[1].split(";")[0])
+    assert stopped_at < 24
+    last = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
+    assert last == stopped_at, "the step the worker stopped at is checkpointed: no step is lost"
+    run(["dvc", "repro", "train"], repo)
+    assert json.loads((repo / "metrics/train.json").read_text())["resumed_from_step"] == stopped_at
+    assert_same_adapter(repo, reference)
+
+
+def test_two_processes_resume_after_a_kill(short_repo):
+    repo, _ = short_repo
+    set_params(repo, **{"train.accelerate_config": "cpu_ddp"})
+    run(["dvc", "repro", "train"], repo)
+    reference = load_file(repo / ADAPTER)
+    proc = start_training(repo, accelerate_config="cpu_ddp")
+    wait_for_checkpoint_step(proc, repo, 4)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
+    output = run(["dvc", "repro", "train"], repo)
+    assert "resuming from" in output
+    metrics = json.loads((repo / "metrics/train.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["resumed_from_step"] == done and metrics["steps"] == 24
+    assert_same_adapter(repo, reference)
+    set_params(repo, **{"train.accelerate_config": "cpu"})
+
+
+def test_a_checkpoint_of_other_params_is_not_resumed(short_repo):
+    repo, _ = short_repo
+    proc = start_training(repo)
+    wait_for_checkpoint_step(proc, repo, 4)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    stale = checkpoints(repo)[0].parents[1].name
+    set_params(repo, **{"lora.r": 4})
+    output = run(["dvc", "repro", "train"], repo)
+    assert "resuming from" not in output
+    assert (repo / "checkpoints" / stale).is_dir(), "the other run's checkpoint is kept for that run"
+    assert json.loads((repo / "metrics/train.json").read_text())["resumed_from_step"] == 0
+    set_params(repo, **{"lora.r": 8})
