@@ -54,3 +54,18 @@ def last_complete(folder: Path) -> Path | None:
             if (m := _STEP.match(p.name)) and (p / "trainer_state.json").is_file()]
     return max(done)[1] if done else None
 
+
+
+def hold_run_lock(folder: Path):
+    """An exclusive lock on the run's checkpoint folder, held until the process exits; fails at once with a clear
+    error if another training of the same params, code and data holds it (two trainers must never share it)."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = open(folder / ".lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"another training of the same params, code and data is running ({folder} is locked); "
+                         "wait for it to finish or stop it first") from None
+    return handle

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -73,18 +74,23 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
 
 
 class StopOnSignal(TrainerCallback):
-    """SIGTERM or SIGINT: finish the current optimizer step, save a checkpoint, and stop, so a re-run resumes
-    with no step lost. Every process stops at the same step (the flag is reduced across them)."""
+    """SIGTERM or SIGINT, or the launcher gone: finish the current optimizer step, save a checkpoint, and stop, so
+    a re-run resumes with no step lost. Every process stops at the same step (the flag is reduced across them)."""
 
     def __init__(self):
         self.received = None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._note)
+        # A worker whose launcher died (even by SIGKILL) is re-parented: it stops the same way instead of training
+        # on as an orphan beside the next run.
+        self.launcher = os.getppid()
 
     def _note(self, signum, frame):
         self.received = signum
 
     def on_step_end(self, args, state, control, **kwargs):
+        if self.received is None and os.getppid() != self.launcher:
+            self.received = signal.SIGTERM
         stop = torch.tensor(float(self.received is not None), device=args.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)

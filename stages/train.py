@@ -10,6 +10,7 @@ output, so identical trainings give identical outputs.
 import csv
 import io
 import json
+import os
 import shutil
 import sys
 import time
@@ -19,7 +20,7 @@ import torch
 from datasets import Dataset
 
 from lora_pipeline.chat import conversation
-from lora_pipeline.checkpoints import last_complete, run_dir, run_fingerprint
+from lora_pipeline.checkpoints import hold_run_lock, last_complete, run_dir, run_fingerprint
 from lora_pipeline.data import read_jsonl
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json, write_text
 from lora_pipeline.params import load_params
@@ -36,7 +37,10 @@ def main():
         raise SystemExit("train.sft.bf16/fp16 need a GPU; set both to false to train on the CPU")
 
     checkpoints = run_dir(run_fingerprint("train"))
+    if int(os.environ.get("RANK", "0")) == 0:  # the launcher's rank: accelerate's state is not set up yet
+        lock = hold_run_lock(checkpoints)  # noqa: F841 (held until exit)
     resume = last_complete(checkpoints)
+    tokens_before = json.loads((resume / "trainer_state.json").read_text())["num_input_tokens_seen"] if resume else 0
     train_set = Dataset.from_list([{"messages": conversation(row)} for row in read_jsonl(TRAIN)])
     stopper = StopOnSignal()
     trainer, implementations = build_trainer(params, BASE, train_set, checkpoints, callbacks=[stopper])
@@ -86,7 +90,6 @@ def main():
     writer.writeheader()
     writer.writerows(history)
     write_text(LOSS_LOG, rows.getvalue())
-    tokens_before = json.loads((resume / "trainer_state.json").read_text())["num_input_tokens_seen"] if resume else 0
     speed = {"seconds": seconds, "tokens_per_s": (trainer.state.num_input_tokens_seen - tokens_before) / seconds,
              "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

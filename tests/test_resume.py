@@ -2,6 +2,7 @@
 uninterrupted run ends; a checkpoint of other params is never resumed."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -19,13 +20,25 @@ SHORT_RUN = {"data.builtin_rows": 300, "model.tiny.pretrain_steps": 20, "train.s
 
 @pytest.fixture(scope="module")
 def short_repo(tmp_path_factory):
-    """A copy whose train stage runs 24 steps with a checkpoint every 4, trained once without interruption."""
+    """A copy whose train stage runs 24 steps with a checkpoint every 4; the adapter of one uninterrupted run of it
+    (through the stage's command, so that neither dvc.lock nor DVC's run cache knows the training yet)."""
     repo = copy_repo(tmp_path_factory.mktemp("resume") / "repo")
     set_params(repo, **SHORT_RUN)
-    run(["dvc", "repro", "train"], repo)
+    run(["dvc", "repro", "split"], repo)
     run(["git", "add", "-A"], repo)
-    run(["git", "commit", "-qm", "short run"], repo)
-    return repo, load_file(repo / ADAPTER)
+    run(["git", "commit", "-qm", "short run, data ready"], repo)
+    run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu.yaml", "-m", "stages.train"], repo)
+    reference = load_file(repo / ADAPTER)
+    forget_training(repo)
+    return repo, reference
+
+
+def forget_training(repo):
+    """Back to a workspace where training never ran: no train outputs, no train entry in dvc.lock."""
+    run(["git", "checkout", "--", "dvc.lock", "params.yaml"], repo)
+    for path in ("models/adapter", "metrics/train.json", "plots/train_loss.csv"):
+        target = repo / path
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
 
 
 def checkpoints(repo):
@@ -34,9 +47,9 @@ def checkpoints(repo):
 
 
 def start_training(repo, accelerate_config="cpu"):
-    """`dvc repro -f -s train` in its own process group (so a kill reaches DVC, the launcher and the worker)."""
+    """`dvc repro train` (never restored from DVC's run cache) in its own process group (so a kill reaches DVC, the launcher and the worker)."""
     set_params(repo, **{"train.accelerate_config": accelerate_config})
-    return subprocess.Popen(["dvc", "repro", "-f", "-s", "train"], cwd=repo, env=run_env(), start_new_session=True,
+    return subprocess.Popen(["dvc", "repro", "--no-run-cache", "train"], cwd=repo, env=run_env(), start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -63,12 +76,12 @@ def assert_same_adapter(repo, reference):
 
 def test_sigkill_of_everything_resumes_from_the_last_checkpoint(short_repo):
     repo, reference = short_repo
+    forget_training(repo)
     proc = start_training(repo)
     wait_for_checkpoint_step(proc, repo, 8)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_everything(proc)
     done = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
-    output = run(["dvc", "repro", "train"], repo)
+    output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from checkpoints/train-" in output
     metrics = json.loads((repo / "metrics/train.json").read_text())
     assert metrics["resumed_from_step"] == done >= 8 and metrics["steps"] == 24
@@ -78,6 +91,7 @@ def test_sigkill_of_everything_resumes_from_the_last_checkpoint(short_repo):
 
 def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
     repo, reference = short_repo
+    forget_training(repo)
     proc = start_training(repo)
     wait_for_checkpoint_step(proc, repo, 4)
     while not workers(proc):
@@ -91,39 +105,55 @@ def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
     assert stopped_at < 24
     last = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
     assert last == stopped_at, "the step the worker stopped at is checkpointed: no step is lost"
-    run(["dvc", "repro", "train"], repo)
+    run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert json.loads((repo / "metrics/train.json").read_text())["resumed_from_step"] == stopped_at
     assert_same_adapter(repo, reference)
 
 
+def kill_everything(proc):
+    """SIGKILL to DVC, the launcher and (through the launcher's death) the workers; wait until all are gone."""
+    training = workers(proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    psutil.wait_procs(training)
+
+
 def test_two_processes_resume_after_a_kill(short_repo):
     repo, _ = short_repo
+    forget_training(repo)
     set_params(repo, **{"train.accelerate_config": "cpu_ddp"})
-    run(["dvc", "repro", "train"], repo)
+    run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu_ddp.yaml", "-m", "stages.train"], repo)
     reference = load_file(repo / ADAPTER)
     proc = start_training(repo, accelerate_config="cpu_ddp")
     wait_for_checkpoint_step(proc, repo, 4)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_everything(proc)
     done = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
-    output = run(["dvc", "repro", "train"], repo)
+    output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from" in output
     metrics = json.loads((repo / "metrics/train.json").read_text())
     assert metrics["world_size"] == 2 and metrics["resumed_from_step"] == done and metrics["steps"] == 24
     assert_same_adapter(repo, reference)
-    set_params(repo, **{"train.accelerate_config": "cpu"})
 
 
 def test_a_checkpoint_of_other_params_is_not_resumed(short_repo):
     repo, _ = short_repo
+    forget_training(repo)
     proc = start_training(repo)
     wait_for_checkpoint_step(proc, repo, 4)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_everything(proc)
     stale = checkpoints(repo)[0].parents[1].name
     set_params(repo, **{"lora.r": 4})
-    output = run(["dvc", "repro", "train"], repo)
+    output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from" not in output
     assert (repo / "checkpoints" / stale).is_dir(), "the other run's checkpoint is kept for that run"
     assert json.loads((repo / "metrics/train.json").read_text())["resumed_from_step"] == 0
-    set_params(repo, **{"lora.r": 8})
+
+
+def test_a_second_training_of_the_same_run_is_refused(tmp_path):
+    from lora_pipeline.checkpoints import hold_run_lock
+
+    held = hold_run_lock(tmp_path / "train-abc")
+    with pytest.raises(SystemExit, match="another training of the same params, code and data is running"):
+        hold_run_lock(tmp_path / "train-abc")
+    held.close()
+    hold_run_lock(tmp_path / "train-abc").close()  # free again once the first one is gone
