@@ -2,14 +2,22 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import mlflow
 import yaml
 from mlflow import MlflowClient
 
 from lora_pipeline.params import flat_keys
+
+
+# A stopped or unreachable server fails the stage in about 30 s (retries after 0, 4, 8, 16 s) instead of MLflow's
+# several minutes per request; each of these MLflow variables, when set, wins.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "4", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
 def _repo(root: Path) -> Path:
@@ -22,10 +30,44 @@ def tracking_uri(root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{_repo(root) / 'mlflow.db'}"
 
 
+def redact(uri: str) -> str:
+    """The URI with any password (or token given as the user part) replaced by ***."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, has_password, _ = userinfo.partition(":")
+    hidden = f"{user}:***" if has_password else "***"
+    return urlunsplit(parts._replace(netloc=f"{hidden}@{host}"))
+
+
+def portable_uri(uri: str, root: Path) -> str:
+    """The URI as it may be written into a tracked file: redacted, and a local sqlite store relative to the repo."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        if path.is_absolute():
+            return f"sqlite:///{os.path.relpath(path, _repo(root))}"
+    return redact(uri)
+
+
+def _without_credentials(uri: str) -> str:
+    """The URI minus user:password, which go to MLflow's own variables (so MLflow never prints them)."""
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or parts.password is None:
+        return uri
+    os.environ["MLFLOW_TRACKING_USERNAME"] = unquote(parts.username or "")
+    os.environ["MLFLOW_TRACKING_PASSWORD"] = unquote(parts.password)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
 def use_experiment(name: str, root: Path) -> str:
-    """Point MLflow at the store and experiment; local stores keep artifacts in <repo>/mlartifacts."""
+    """Point MLflow at the store and experiment with bounded retries; local stores keep artifacts in
+    <repo>/mlartifacts. Returns the URI as given (with any credentials: redact it before showing it)."""
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     uri = tracking_uri(root)
-    mlflow.set_tracking_uri(uri)
+    os.environ["MLFLOW_TRACKING_URI"] = _without_credentials(uri)
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     if mlflow.get_experiment_by_name(name) is None:
         location = None
         if uri.startswith("sqlite:"):
@@ -33,6 +75,31 @@ def use_experiment(name: str, root: Path) -> str:
         mlflow.create_experiment(name, artifact_location=location)
     mlflow.set_experiment(name)
     return uri
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """Why MLflow could not be reached (e.g. "Failed to establish a new connection: [Errno 111] Connection
+    refused"), or None if `exc` is another error."""
+    import requests
+
+    lost = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError)
+    while exc is not None:
+        if isinstance(exc, lost):
+            inner = exc.args[0] if exc.args else exc
+            inner = getattr(inner, "reason", inner)  # urllib3's MaxRetryError: the last attempt's error
+            text = inner.args[0] if getattr(inner, "args", None) and isinstance(inner.args[0], str) else str(inner)
+            return re.sub(r"^<[^>]*>: ", "", text)[:200]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def end_run_failed() -> None:
+    """Mark the active run FAILED with a single attempt: after a connection error, retrying only delays the exit."""
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+    try:
+        mlflow.end_run("FAILED")
+    except Exception:  # the server is gone; the next register run marks this run FAILED
+        pass
 
 
 def lock_provenance(lock_path: Path) -> tuple[dict, dict]:
@@ -45,6 +112,12 @@ def lock_provenance(lock_path: Path) -> tuple[dict, dict]:
         for values in stage.get("params", {}).values():
             params.update(flat_keys(values))
     return md5s, params
+
+
+def speed_metrics(speed: dict) -> dict[str, float]:
+    """The train stage's timings as `speed.*` metrics (numbers only: the device name and the like stay in the file)."""
+    return {f"speed.{key}": float(value) for key, value in flat_keys(speed).items()
+            if isinstance(value, (int, float))}
 
 
 def git_commit(root: Path) -> str:
@@ -64,11 +137,24 @@ def find_version_by_tag(client: MlflowClient, model_name: str, key: str, value: 
     return next((v for v in versions if v.tags.get(key) == value), None)
 
 
-def find_run_by_tag(client: MlflowClient, experiment: str, key: str, value: str):
-    """The run of `experiment` whose tag `key` equals `value`, or None."""
+def completed_run(client: MlflowClient, experiment: str, pipeline_md5: str):
+    """The FINISHED run that registered this pipeline run (tag registered_version), or None. Runs of it left
+    RUNNING by an interrupted register are marked FAILED, so they neither block nor pass for a result."""
     exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.{key} = '{value}'", max_results=1) if exp else []
-    return runs[0] if runs else None
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.pipeline_md5 = '{pipeline_md5}'") if exp else []
+    done = None
+    for run in runs:
+        if run.info.status == "FINISHED" and "registered_version" in run.data.tags:
+            done = done or run
+        elif run.info.status in ("RUNNING", "SCHEDULED"):
+            client.set_terminated(run.info.run_id, "FAILED")
+    return done
+
+
+def run_completed(client: MlflowClient, run_id: str) -> bool:
+    """Whether the run finished its registration (a version whose run did not was left without its aliases)."""
+    run = client.get_run(run_id)
+    return run.info.status == "FINISHED" and "registered_version" in run.data.tags
 
 
 def champion_decision(client: MlflowClient, model_name: str, metric: str, value: float,
