@@ -8,6 +8,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import mlflow
+import pandas as pd
 import yaml
 from mlflow import MlflowClient
 
@@ -174,34 +175,53 @@ def champion_decision(client: MlflowClient, model_name: str, metric: str, value:
             "reason": f"{metric} {value:.4g} {verdict} champion v{champion.version}'s {current}"}
 
 
-class AdapterModel(mlflow.pyfunc.PythonModel):
-    """pyfunc for models too big to copy: the LoRA adapter, applied at load time to a referenced base model."""
+# Generation params a caller may pass to predict (params=...): greedy, hence deterministic, unless do_sample.
+GENERATION_DEFAULTS = {"max_new_tokens": 256, "do_sample": False, "temperature": 1.0, "top_p": 1.0}
+
+
+class ChatModel(mlflow.pyfunc.PythonModel):
+    """pyfunc over the merged model, or over the adapter applied at load time to a referenced base (for models too
+    big to copy). Input: prompts rendered with the chat template; output: the assistant's new text only, its
+    reasoning and its final answer."""
 
     def load_context(self, context):
-        from peft import PeftModel
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        base = context.model_config["base"]
-        revision = context.model_config.get("revision") or None
-        kwargs = {"dtype": context.model_config.get("dtype", "auto")}
-        if context.model_config.get("mxfp4_dequantize"):
+        config = context.model_config
+        kwargs = {"dtype": config.get("dtype", "auto")}
+        if config.get("mxfp4_dequantize"):
             from transformers import Mxfp4Config
 
             kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+        if "model" in context.artifacts:
+            self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["model"])
+            self.model = AutoModelForCausalLM.from_pretrained(context.artifacts["model"], **kwargs).eval()
+            return
+        from peft import PeftModel
+
         self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["adapter"])
-        model = AutoModelForCausalLM.from_pretrained(base, revision=revision, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(config["base"], revision=config.get("revision") or None, **kwargs)
         self.model = PeftModel.from_pretrained(model, context.artifacts["adapter"]).eval()
 
-    def predict(self, context, model_input, params=None):
-        prompts = list(model_input.iloc[:, 0]) if hasattr(model_input, "iloc") else list(model_input)
-        max_new_tokens = int((params or {}).get("max_new_tokens", 64))
-        texts = []
-        for prompt in prompts:
-            batch = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(self.model.device)
-            out = self.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                                      pad_token_id=self.tokenizer.pad_token_id)
-            texts.append(self.tokenizer.decode(out[0, batch["input_ids"].shape[1]:], skip_special_tokens=True))
-        return texts
+    # The DataFrame hint (the signature turns a list of prompts into one) also spares MLflow's type-hint warning.
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
+        from lora_pipeline.chat import split_reasoning
+        from lora_pipeline.metrics import generate_from_prompts
+
+        prompts = list(model_input.iloc[:, 0])
+        options = {**GENERATION_DEFAULTS, **(params or {})}
+        sampling = {"do_sample": bool(options["do_sample"])}
+        if sampling["do_sample"]:
+            sampling.update(temperature=float(options["temperature"]), top_p=float(options["top_p"]))
+        generated = generate_from_prompts(self.model, self.tokenizer, prompts, int(options["max_new_tokens"]),
+                                          batch_size=8, **sampling)
+        rows = []
+        for raw in generated:
+            reasoning, answer = split_reasoning(raw)
+            text = self.tokenizer.decode(self.tokenizer(raw, add_special_tokens=False)["input_ids"],
+                                         skip_special_tokens=True).strip()
+            rows.append({"text": text, "reasoning": reasoning, "answer": answer})
+        return pd.DataFrame(rows, columns=["text", "reasoning", "answer"])
 
 
 def _pip_requirements() -> list[str]:
@@ -209,26 +229,26 @@ def _pip_requirements() -> list[str]:
     from importlib.metadata import version
 
     return [f"{name}=={version(name).split('+')[0]}" for name in
-            ("torch", "transformers", "tokenizers", "safetensors", "accelerate", "peft")]
+            ("torch", "transformers", "tokenizers", "safetensors", "accelerate", "peft", "pandas")]
 
 
 def _signature():
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
+    from mlflow.models import infer_signature
 
-    return ModelSignature(inputs=Schema([ColSpec(DataType.string)]), outputs=Schema([ColSpec(DataType.string)]),
-                          params=ParamSchema([ParamSpec("max_new_tokens", DataType.long, 64)]))
+    example_output = pd.DataFrame([{"text": "", "reasoning": "", "answer": ""}])
+    return infer_signature(["<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"], example_output,
+                           params=GENERATION_DEFAULTS)
 
 
-def log_merged_model(model_dir: Path):
-    """The merged model through MLflow's transformers flavour (the weights are copied into the run)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _log_chat_model(artifacts: dict, config: dict):
+    return mlflow.pyfunc.log_model(name="model", python_model=ChatModel(), artifacts=artifacts, model_config=config,
+                                   pip_requirements=_pip_requirements(), signature=_signature(),
+                                   code_paths=[str(Path(__file__).parent)])
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return mlflow.transformers.log_model({"model": model, "tokenizer": tokenizer}, name="model",
-                                         task="text-generation", pip_requirements=_pip_requirements(),
-                                         signature=_signature())
+
+def log_merged_model(model_dir: Path, model_params):
+    """The merged model, its weights copied into the run."""
+    return _log_chat_model({"model": str(model_dir)}, {"dtype": model_params.dtype})
 
 
 def log_adapter_model(adapter_dir: Path, model_params):
@@ -236,7 +256,4 @@ def log_adapter_model(adapter_dir: Path, model_params):
     base = model_params.name if model_params.source == "hub" else str(Path("models/base").resolve())
     config = {"base": base, "revision": model_params.revision if model_params.source == "hub" else "",
               "dtype": model_params.dtype, "mxfp4_dequantize": model_params.mxfp4_dequantize}
-    return mlflow.pyfunc.log_model(name="model", python_model=AdapterModel(), artifacts={"adapter": str(adapter_dir)},
-                                   model_config=config, pip_requirements=_pip_requirements(),
-                                   signature=_signature(), code_paths=[str(Path(__file__).parent)])
-
+    return _log_chat_model({"adapter": str(adapter_dir)}, config)

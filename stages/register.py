@@ -53,7 +53,7 @@ def log_run(client, reg, model_params, metrics, md5s, run_params, pipeline_md5, 
     else:  # a new model, or one whose registration was interrupted before its aliases were set
         if version is None:
             if reg.log_mode == "merged":
-                info = registry.log_merged_model(Path(model_dir))
+                info = registry.log_merged_model(Path(model_dir), model_params)
             else:
                 info = registry.log_adapter_model(Path(model_dir), model_params)
             version = mlflow.register_model(info.model_uri, reg.model_name, tags={"model_md5": model_md5})
