@@ -121,6 +121,23 @@ def speed_metrics(speed: dict) -> dict[str, float]:
             if isinstance(value, (int, float))}
 
 
+def describe(run_params: dict, metrics: dict, commit: str) -> str:
+    """A model version's description: base model, data set, LoRA and training params (as dvc.lock recorded them),
+    evaluation figures and the git commit."""
+    def origin(section):
+        name, source = run_params.get(f"{section}.name") or "", run_params.get(f"{section}.source", "?")
+        revision = run_params.get(f"{section}.revision") or "none"
+        return f"{name} ({source}, revision {revision})" if name else f"built in ({source})"
+
+    def listing(prefix, values):
+        return ", ".join(f"{k[len(prefix):]}={v}" for k, v in sorted(values.items()) if k.startswith(prefix))
+
+    figures = {k: f"{v:.4g}" for k, v in metrics.items()}
+    return "\n".join([f"Base model: {origin('model')}", f"Data: {origin('data')}",
+                      f"LoRA: {listing('lora.', run_params)}", f"Training: {listing('train.', run_params)}",
+                      f"Evaluation: {listing('eval.', figures)}", f"Git commit: {commit}"])
+
+
 def git_commit(root: Path) -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,

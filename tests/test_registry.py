@@ -64,6 +64,21 @@ def test_champion_loads_through_pyfunc_and_generates(repo):
     assert declared == {"max_new_tokens", "do_sample", "temperature", "top_p"}
 
 
+def test_version_describes_its_model_data_params_and_figures(repo):
+    import mlflow
+
+    repo, _ = repo
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    client = mlflow.MlflowClient()
+    version = client.get_model_version("lora-pipeline", "1")
+    run_ = client.get_run(version.run_id)
+    lines = dict(line.split(": ", 1) for line in version.description.splitlines())
+    assert lines["Base model"] == "built in (tiny-qwen2)" and lines["Data"] == "built in (builtin)"
+    assert "r=8" in lines["LoRA"].split(", ") and "sft.learning_rate=" in lines["Training"]
+    assert f"compliance.overall={run_.data.metrics['eval.compliance.overall']:.4g}" in lines["Evaluation"]
+    assert lines["Git commit"] == run_.data.tags["git_commit"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
