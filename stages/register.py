@@ -57,8 +57,8 @@ def log_run(client, reg, model_params, metrics, md5s, run_params, pipeline_md5, 
             else:
                 info = registry.log_adapter_model(Path(model_dir), model_params)
             version = mlflow.register_model(info.model_uri, reg.model_name, tags={"model_md5": model_md5})
-            client.update_model_version(reg.model_name, version.version,
-                                        registry.describe(run_params, metrics, tags["git_commit"]))
+        client.update_model_version(reg.model_name, version.version,
+                                    registry.describe(run_params, metrics, tags["git_commit"]))
         decision = registry.champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
                                               reg.gate_greater_is_better)
         client.set_registered_model_alias(reg.model_name, "candidate", version.version)
