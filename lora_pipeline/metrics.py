@@ -111,20 +111,27 @@ def heldout_loss(model, tokenizer, conversations: list[list[dict]], max_length: 
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": count}
 
 
-@torch.no_grad()
 def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int,
              do_sample: bool = False) -> list[str]:
     """Batched generation (left padding) of the assistant turn; returns the new text, special tokens kept."""
-    tokenizer.padding_side = "left"
     prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    return generate_from_prompts(model, tokenizer, prompts, max_new_tokens, batch_size, do_sample=do_sample)
+
+
+@torch.no_grad()
+def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
+                          **sampling) -> list[str]:
+    """Batched generation (left padding) after prompts already rendered with the chat template; returns the new
+    text, special tokens kept. `sampling`: do_sample, temperature, top_p (greedy unless do_sample)."""
+    tokenizer.padding_side = "left"
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
     outputs = [""] * len(prompts)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         batch = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
                           add_special_tokens=False).to(model.device)
-        out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                             pad_token_id=tokenizer.pad_token_id)
+        out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                             **sampling)
         for i, row in zip(idx, out[:, batch["input_ids"].shape[1]:]):
             text = tokenizer.decode(row, skip_special_tokens=False)
             outputs[i] = text.replace(tokenizer.pad_token, "") if tokenizer.pad_token else text

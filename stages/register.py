@@ -3,7 +3,8 @@
     python -m stages.register
 The new version gets the alias `candidate`; it becomes `champion` only if register.gate_metric beats the
 current champion's. Outputs already logged (same md5s in dvc.lock) log nothing; a new run whose model is
-already registered (e.g. only eval params changed) logs its run and links the existing version.
+already registered (e.g. only eval params changed) logs its run and links the existing version. An unreachable
+server fails the stage in bounded time with one line, models/registered.json untouched.
 """
 import csv
 import hashlib
@@ -18,70 +19,102 @@ import mlflow
 from mlflow import MlflowClient
 
 from lora_pipeline import registry
+from lora_pipeline.outputs import write_json
 from lora_pipeline.params import ROOT, flat_keys, load_params
 
 METRICS = {"train": Path("metrics/train.json"), "merge": Path("metrics/merge.json"), "eval": Path("metrics/eval.json")}
 LOSS_LOG, ARTIFACTS = Path("plots/train_loss.csv"), [Path("reports/demo.txt"), Path("reports/report.png")]
+SPEED = Path("logs/train_speed.json")  # timings of the train stage: logged when present, never a DVC dependency
 OUT = Path("models/registered.json")
 
-params = load_params("register")
-reg, model_params = params.register, params.model
-metrics = {f"{stage}.{key}": value for stage, path in METRICS.items()
-           for key, value in flat_keys(json.loads(path.read_text())).items() if isinstance(value, (int, float))}
-if reg.gate_metric not in metrics:
-    raise SystemExit(f"register.gate_metric '{reg.gate_metric}' is not a metric; known: {sorted(metrics)}")
 
-uri = registry.use_experiment(reg.experiment, ROOT)
-client = MlflowClient()
-md5s, run_params = registry.lock_provenance(ROOT / "dvc.lock")
-md5s.pop(str(OUT), None)
-model_dir = "models/merged" if reg.log_mode == "merged" else "models/adapter"
-model_md5 = md5s.get(model_dir, "")
-# This pipeline run: every output it produced, and how it is to be registered.
-pipeline_md5 = hashlib.md5(json.dumps([md5s, reg.to_dict()], sort_keys=True).encode()).hexdigest()
-
-logged = registry.find_run_by_tag(client, reg.experiment, "pipeline_md5", pipeline_md5)
-if logged is not None:  # this very pipeline run is in MLflow already
-    print(f"run {logged.info.run_id} already holds these outputs (pipeline md5 {pipeline_md5}); nothing to log")
-    run_id, tags = logged.info.run_id, logged.data.tags
-    version = client.get_model_version(reg.model_name, tags["registered_version"])
-    decision = {"promote": tags.get("gate.decision") == "champion", "reason": tags.get("gate.reason")}
-else:
+def log_run(client, reg, model_params, metrics, md5s, run_params, pipeline_md5, model_dir):
+    """A new run for this pipeline run; registers the model unless a finished run already did. -> (run id, version,
+    gate decision)"""
+    model_md5 = md5s.get(model_dir, "")
     tags = {"git_commit": registry.git_commit(ROOT), "dvc_exp_name": os.environ.get("DVC_EXP_NAME", "workspace"),
             "model_md5": model_md5, "pipeline_md5": pipeline_md5, **{f"md5.{path}": md5 for path, md5 in md5s.items()}}
-    with mlflow.start_run(run_name=os.environ.get("DVC_EXP_NAME")) as run:
-        mlflow.set_tags(tags)
-        mlflow.log_params({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in run_params.items()})
-        mlflow.log_metrics(metrics)
-        with open(LOSS_LOG) as f:  # the train stage's per-step log, in this same run
-            for row in csv.DictReader(f):
-                mlflow.log_metric("train.step_loss", float(row["loss"]), step=int(row["step"]))
-        for artifact in ARTIFACTS:
-            if artifact.is_file():
-                mlflow.log_artifact(str(artifact))
-        version = registry.find_version_by_tag(client, reg.model_name, "model_md5", model_md5)
-        if version is not None:  # e.g. only eval params changed: a new run, the same model
-            decision = {"promote": False, "reason": f"model already registered as v{version.version}"}
-        else:
+    run = mlflow.start_run(run_name=os.environ.get("DVC_EXP_NAME"))
+    mlflow.set_tags(tags)
+    mlflow.log_params({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in run_params.items()})
+    mlflow.log_metrics(metrics)
+    with open(LOSS_LOG) as f:  # the train stage's per-step log, in this same run
+        for row in csv.DictReader(f):
+            mlflow.log_metric("train.step_loss", float(row["loss"]), step=int(row["step"]))
+    if SPEED.is_file():
+        mlflow.log_metrics(registry.speed_metrics(json.loads(SPEED.read_text())))
+        mlflow.log_artifact(str(SPEED))
+    for artifact in ARTIFACTS:
+        if artifact.is_file():
+            mlflow.log_artifact(str(artifact))
+    version = registry.find_version_by_tag(client, reg.model_name, "model_md5", model_md5)
+    if version is not None and registry.run_completed(client, version.run_id):  # e.g. only eval params changed
+        decision = {"promote": False, "reason": f"model already registered as v{version.version}"}
+    else:  # a new model, or one whose registration was interrupted before its aliases were set
+        if version is None:
             if reg.log_mode == "merged":
-                info = registry.log_merged_model(Path(model_dir))
+                info = registry.log_merged_model(Path(model_dir), model_params)
             else:
                 info = registry.log_adapter_model(Path(model_dir), model_params)
-            decision = registry.champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
-                                                  reg.gate_greater_is_better)
             version = mlflow.register_model(info.model_uri, reg.model_name, tags={"model_md5": model_md5})
-            client.set_registered_model_alias(reg.model_name, "candidate", version.version)
-            if decision["promote"]:
-                client.set_registered_model_alias(reg.model_name, "champion", version.version)
-        mlflow.set_tags({"gate.decision": "champion" if decision["promote"] else "candidate",
-                         "gate.reason": decision["reason"], "registered_version": version.version})
-        mlflow.log_dict(decision, "gate_decision.json")
-        run_id = run.info.run_id
-    print(f"logged run {run_id}; {reg.model_name} v{version.version}: {decision['reason']}")
+        client.update_model_version(reg.model_name, version.version,
+                                    registry.describe(run_params, metrics, tags["git_commit"]))
+        decision = registry.champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
+                                              reg.gate_greater_is_better)
+        client.set_registered_model_alias(reg.model_name, "candidate", version.version)
+        if decision["promote"]:
+            client.set_registered_model_alias(reg.model_name, "champion", version.version)
+    mlflow.set_tags({"gate.decision": "champion" if decision["promote"] else "candidate",
+                     "gate.reason": decision["reason"], "registered_version": version.version})
+    mlflow.log_dict(decision, "gate_decision.json")
+    mlflow.end_run()
+    return run.info.run_id, version, decision
 
-aliases = client.get_model_version(reg.model_name, version.version).aliases
-OUT.write_text(json.dumps({"model_name": reg.model_name, "version": int(version.version),
-                           "model_uri": f"models:/{reg.model_name}/{version.version}", "aliases": sorted(aliases),
-                           "run_id": run_id, "tracking_uri": uri, "model_md5": model_md5,
-                           "gate": decision}, indent=2) + "\n")
-print(OUT.read_text())
+
+def main():
+    params = load_params("register")
+    reg, model_params = params.register, params.model
+    metrics = {f"{stage}.{key}": value for stage, path in METRICS.items()
+               for key, value in flat_keys(json.loads(path.read_text())).items() if isinstance(value, (int, float))}
+    if reg.gate_metric not in metrics:
+        raise SystemExit(f"register.gate_metric '{reg.gate_metric}' is not a metric; known: {sorted(metrics)}")
+    md5s, run_params = registry.lock_provenance(ROOT / "dvc.lock")
+    md5s.pop(str(OUT), None)
+    model_dir = "models/merged" if reg.log_mode == "merged" else "models/adapter"
+    # This pipeline run: every output it produced, and how it is to be registered.
+    pipeline_md5 = hashlib.md5(json.dumps([md5s, reg.to_dict()], sort_keys=True).encode()).hexdigest()
+
+    uri = registry.tracking_uri(ROOT)
+    try:
+        registry.use_experiment(reg.experiment, ROOT)
+        client = MlflowClient()
+        logged = registry.completed_run(client, reg.experiment, pipeline_md5)
+        if logged is not None:  # this very pipeline run is in MLflow already
+            print(f"run {logged.info.run_id} already holds these outputs (pipeline md5 {pipeline_md5}); nothing to log")
+            run_id, tags = logged.info.run_id, logged.data.tags
+            version = client.get_model_version(reg.model_name, tags["registered_version"])
+            decision = {"promote": tags.get("gate.decision") == "champion", "reason": tags.get("gate.reason")}
+        else:
+            run_id, version, decision = log_run(client, reg, model_params, metrics, md5s, run_params, pipeline_md5,
+                                                model_dir)
+            print(f"logged run {run_id}; {reg.model_name} v{version.version}: {decision['reason']}")
+        aliases = client.get_model_version(reg.model_name, version.version).aliases
+    except Exception as exc:
+        reason, retries = registry.unreachable(exc), os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+        registry.end_run_failed()
+        if reason is None:
+            raise
+        raise SystemExit(
+            f"register: MLflow at {registry.redact(uri)} unreachable ({reason}) after "
+            f"{retries} retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES, "
+            f"_BACKOFF_FACTOR, _TIMEOUT set the bound); {OUT} left as it was, re-run when the server is back") from None
+
+    write_json(OUT, {"model_name": reg.model_name, "version": int(version.version),
+                     "model_uri": f"models:/{reg.model_name}/{version.version}", "aliases": sorted(aliases),
+                     "run_id": run_id, "tracking_uri": registry.portable_uri(uri, ROOT),
+                     "model_md5": md5s.get(model_dir, ""), "gate": decision})
+    print(OUT.read_text())
+
+
+if __name__ == "__main__":
+    main()

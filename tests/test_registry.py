@@ -2,6 +2,7 @@
 and the same stage against a real MLflow tracking server."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -35,6 +36,17 @@ def test_run_has_provenance_and_step_metrics(repo):
     assert experiment.data.params["lora.r"] == "16"
 
 
+def answers_like_a_chat_model(model, prompt: str):
+    """Only the new text, reasoning apart from the answer, the same twice (greedy by default)."""
+    out = model.predict([prompt], params={"max_new_tokens": 24})
+    assert list(out.columns) == ["text", "reasoning", "answer"] and len(out) == 1
+    prompt_text = re.sub(r"<\|[a-z_]+\|>", "", prompt).strip()  # what echoing the prompt would begin with
+    assert out.loc[0, "text"].strip() and not out.loc[0, "text"].startswith(prompt_text[:12])
+    assert "<think>" not in out.loc[0, "reasoning"] + out.loc[0, "answer"]
+    assert out.equals(model.predict([prompt], params={"max_new_tokens": 24}))
+    assert len(model.predict([prompt], params={"max_new_tokens": 2}).loc[0, "text"]) < len(out.loc[0, "text"])
+
+
 def test_champion_loads_through_pyfunc_and_generates(repo):
     import mlflow
     from transformers import AutoTokenizer
@@ -47,9 +59,24 @@ def test_champion_loads_through_pyfunc_and_generates(repo):
         [{"role": "system", "content": "reasoning language: German"},
          {"role": "user", "content": "Anna hat 5 Äpfel und kauft 3 dazu. Wie viele Äpfel hat sie?"}],
         tokenize=False, add_generation_prompt=True)
-    out = model.predict([prompt], params={"max_new_tokens": 24})
-    text = out[0] if isinstance(out, list) else str(out)
-    assert isinstance(text, str) and len(text.strip()) > 0
+    answers_like_a_chat_model(model, prompt)
+    declared = {param.name for param in model.metadata.get_params_schema().params}
+    assert declared == {"max_new_tokens", "do_sample", "temperature", "top_p"}
+
+
+def test_version_describes_its_model_data_params_and_figures(repo):
+    import mlflow
+
+    repo, _ = repo
+    mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
+    client = mlflow.MlflowClient()
+    version = client.get_model_version("lora-pipeline", "1")
+    run_ = client.get_run(version.run_id)
+    lines = dict(line.split(": ", 1) for line in version.description.splitlines())
+    assert lines["Base model"] == "built in (tiny-qwen2)" and lines["Data"] == "built in (builtin)"
+    assert "r=8" in lines["LoRA"].split(", ") and "sft.learning_rate=" in lines["Training"]
+    assert f"compliance.overall={run_.data.metrics['eval.compliance.overall']:.4g}" in lines["Evaluation"]
+    assert lines["Git commit"] == run_.data.tags["git_commit"]
 
 
 def free_port() -> int:
@@ -85,7 +112,8 @@ def test_register_against_a_tracking_server(repo, tmp_path):
         version = mlflow.MlflowClient().get_model_version_by_alias("lora-pipeline", "champion")
         assert version.version == "1"
         model = mlflow.pyfunc.load_model("models:/lora-pipeline@champion")
-        assert isinstance(model.predict(["<|im_start|>user\nHallo<|im_end|>\n"], params={"max_new_tokens": 4})[0], str)
+        out = model.predict(["<|im_start|>user\nHallo<|im_end|>\n<|im_start|>assistant\n"], params={"max_new_tokens": 4})
+        assert isinstance(out.loc[0, "text"], str)
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=30)
@@ -104,8 +132,7 @@ def test_adapter_mode_registers_a_pyfunc_that_loads_its_base(repo, tmp_path):
         assert "lora-adapter v1: no champion yet" in output
         mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
         model = mlflow.pyfunc.load_model("models:/lora-adapter@champion")
-        text = model.predict(["<|im_start|>system\nreasoning language: German<|im_end|>\n<|im_start|>user\n"
-                              "Anna hat 5 Äpfel.<|im_end|>\n<|im_start|>assistant\n"], params={"max_new_tokens": 16})
-        assert isinstance(text[0], str) and text[0].strip()
+        answers_like_a_chat_model(model, "<|im_start|>system\nreasoning language: German<|im_end|>\n<|im_start|>user\n"
+                                         "Anna hat 5 Äpfel.<|im_end|>\n<|im_start|>assistant\n")
     finally:
         (repo / "models/registered.json").write_text(saved)
