@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: setup repro test recipe bench clean
+.PHONY: setup repro test recipe bench exps clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,10 @@ recipe: setup
 	@test -f recipes/$(RECIPE).yaml || { echo "no recipes/$(RECIPE).yaml; have: $$(ls recipes)"; exit 1; }
 	cp recipes/$(RECIPE).yaml params.yaml
 	$(RUN) dvc exp run -n $(RECIPE)$(if $(SEED),-seed) $(SEED_SETS)
+
+# The experiments side by side: the params that differ and the metrics to decide on, sorted by the gate metric.
+exps: setup
+	@$(RUN) python -m lora_pipeline.experiments
 
 # make bench RECIPE=qwen2-0.5b (on a GPU machine): seed baseline and ours in one go -> bench/results.jsonl
 bench:

@@ -2,6 +2,7 @@
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -99,6 +100,15 @@ def test_experiment_reruns_only_what_lora_r_affects(repo):
     assert "test" in baseline["data"]["metrics"]["metrics/eval.json"]["data"]
 
 
+def test_curated_view_lines_up_the_experiments_in_120_columns(repo):
+    repo, _ = repo
+    output = run([sys.executable, "-m", "lora_pipeline.experiments"], repo)
+    lines = output.splitlines()
+    assert all(len(line) <= 120 for line in lines), output
+    assert lines[0].startswith("experiment") and "comp" in lines[0] and "loss" in lines[0]
+    assert any(line.startswith("r16 ") and "r=16" in line for line in lines), output
+
+
 @pytest.mark.parametrize("lever, value, also", [
     ("train.liger", True, []),
     ("train.sft.padding_free", True, []),
@@ -106,8 +116,8 @@ def test_experiment_reruns_only_what_lora_r_affects(repo):
     ("train.sft.gradient_checkpointing", True, []),
     ("train.sft.per_device_train_batch_size", 8, []),
     ("train.sft.max_grad_norm", 0.5, []),  # any SFTConfig field, not only those params.yaml lists
-    ("model.attn_implementation", "flex_attention", ["merge", "evaluate"]),
-    ("model.experts_implementation", "grouped_mm", ["merge", "evaluate"]),
+    ("model.attn_implementation", "flex_attention", ["evaluate", "merge"]),
+    ("model.experts_implementation", "grouped_mm", ["evaluate", "merge"]),
 ])
 def test_speed_levers_touch_train_onward_and_nothing_before(repo, lever, value, also):
     repo, _ = repo
