@@ -191,10 +191,9 @@ def messages_key(messages: list[dict]) -> str:
 
 
 def write_jsonl(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    from lora_pipeline.outputs import write_text
+
+    write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def read_jsonl(path: Path) -> list[dict]:

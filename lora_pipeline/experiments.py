@@ -34,7 +34,7 @@ def experiment_rows(shown: list[dict]) -> list[dict]:
             rows.append({"name": name, "params": params, "metrics": metrics})
 
     for commit in shown:
-        add(commit.get("name") or commit["rev"][:7], commit)
+        add(commit.get("name") or (commit["rev"] if commit["rev"] == "workspace" else commit["rev"][:7]), commit)
         for exp in commit.get("experiments") or []:
             for rev in exp.get("revs", []):
                 add(exp.get("name") or rev.get("name") or rev["rev"][:7], rev)
@@ -59,7 +59,7 @@ def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
     columns = COLUMNS[:2] + [(lang, "metrics/eval.json", LANGUAGE_PREFIX + lang) for lang in languages] + COLUMNS[2:]
     changed = differing_params(rows)
     name_width = max([len("experiment"), *(len(r["name"]) for r in rows)])
-    metric_width = sum(max(len(h), 6) + 1 for h, _, _ in columns)
+    metric_width = sum(max(len(h), 7) + 1 for h, _, _ in columns)
     params_width = max(12, WIDTH - name_width - metric_width - 2)
 
     def params_text(r):
@@ -68,14 +68,16 @@ def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
 
     def cell(r, file, key, width):
         v = r["metrics"].get(file, {}).get(key)
-        return (f"{v:.3g}" if isinstance(v, float) else "-" if v is None else str(v)).rjust(width)
+        if isinstance(v, float):
+            return (f"{v:.3g}" if v == 0 or abs(v) >= 1e-3 else f"{v:.1e}").rjust(width)
+        return ("-" if v is None else str(v)).rjust(width)
 
     header = "experiment".ljust(name_width) + "  " + "params that differ".ljust(params_width)
-    header += "".join(" " + h.rjust(max(len(h), 6)) for h, _, _ in columns)
+    header += "".join(" " + h.rjust(max(len(h), 7)) for h, _, _ in columns)
     lines = [header, "-" * len(header)]
     for r in rows:
         line = r["name"].ljust(name_width) + "  " + params_text(r).ljust(params_width)
-        line += "".join(" " + cell(r, f, k, max(len(h), 6)) for h, f, k in columns)
+        line += "".join(" " + cell(r, f, k, max(len(h), 7)) for h, f, k in columns)
         lines.append(line)
     legend = (f"sorted by {gate} ({'higher' if greater_is_better else 'lower'} is better); loss: held-out loss; "
               "comp: reasoning in the asked language (overall, then per language); final: final answer in the "

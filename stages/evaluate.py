@@ -4,6 +4,7 @@
 Evaluates models/merged and, with eval.include_base, models/base too (the "before" figures, under "base").
 """
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -11,9 +12,10 @@ import torch
 
 from lora_pipeline.checks import check_eval
 from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
-from lora_pipeline.data import read_jsonl
+from lora_pipeline.data import read_jsonl, write_jsonl
 from lora_pipeline.metrics import LANGUAGE_NAMES, answer_correct, detect_language, generate, heldout_loss, read_mgsm
 from lora_pipeline.modeling import device, load_model, load_tokenizer
+from lora_pipeline.outputs import write_json, write_text
 from lora_pipeline.params import load_params
 from lora_pipeline.report import plot_report
 
@@ -97,23 +99,20 @@ for name, path in models.items():
     del model
 
 metrics = results["finetuned"] | ({"base": results["base"]} if "base" in results else {})
-METRICS.parent.mkdir(exist_ok=True)
-METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
-COMPLIANCE.parent.mkdir(exist_ok=True)
-with open(COMPLIANCE, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(["model", "language", "compliance"])
-    for name, result in results.items():
-        writer.writerows([name, lang, rate] for lang, rate in result["compliance"].items())
-REPORTS.mkdir(exist_ok=True)
-with open(REPORTS / "generations.jsonl", "w", encoding="utf-8") as f:
-    f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in transcripts)
+write_json(METRICS, metrics)
+compliance = io.StringIO()
+writer = csv.writer(compliance, lineterminator="\n")
+writer.writerow(["model", "language", "compliance"])
+for name, result in results.items():
+    writer.writerows([name, lang, rate] for lang, rate in result["compliance"].items())
+write_text(COMPLIANCE, compliance.getvalue())
+write_jsonl(transcripts, REPORTS / "generations.jsonl")
 demo_lines = []
 for record in (r for r in transcripts if r["set"] == "demo"):
     reasoning, final = split_reasoning(record["generated"])
     demo_lines += [f"== {record['model']} model ==", "system: reasoning language: German",
                    "user: ¿Cuál es el capital de Australia?", f"reasoning ({detect_language(reasoning)}): {reasoning}",
                    f"final ({detect_language(final)}): {final}", f"raw: {record['generated']}", ""]
-(REPORTS / "demo.txt").write_text("\n".join(demo_lines))
+write_text(REPORTS / "demo.txt", "\n".join(demo_lines))
 plot_report(LOSS_LOG, results, REPORTS / "report.png")
 print(json.dumps(metrics, indent=2))

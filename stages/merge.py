@@ -3,7 +3,6 @@
     python -m stages.merge
 Checks on a few held-out conversations that the merged model gives the adapted model's logits.
 """
-import json
 from pathlib import Path
 
 import torch
@@ -12,6 +11,7 @@ from peft import PeftModel
 from lora_pipeline.chat import conversation
 from lora_pipeline.data import read_jsonl
 from lora_pipeline.modeling import load_model, load_tokenizer
+from lora_pipeline.outputs import replace_dir, staging_dir, write_json
 from lora_pipeline.params import load_params
 
 BASE, ADAPTER, MERGED = Path("models/base"), Path("models/adapter"), Path("models/merged")
@@ -39,9 +39,10 @@ if relative > RELATIVE_TOLERANCE[params.model.dtype]:
 
 # A model loaded from MXFP4 with dequantize=True is saved as plain 16-bit weights.
 merged_model.config.__dict__.pop("quantization_config", None)
-merged_model.save_pretrained(MERGED)
-tokenizer.save_pretrained(MERGED)
-METRICS.parent.mkdir(exist_ok=True)
+staged = staging_dir(MERGED)
+merged_model.save_pretrained(staged)
+tokenizer.save_pretrained(staged)
+replace_dir(staged, MERGED)
 metrics = {"max_abs_logit_diff": max_diff, "relative_logit_diff": relative}
-METRICS.write_text(json.dumps(metrics, indent=2) + "\n")
+write_json(METRICS, metrics)
 print(f"merged -> {MERGED}; {metrics}")

@@ -3,11 +3,11 @@
     python -m stages.split
 Rows were checked by fetch. Counts go to metrics/split.json.
 """
-import json
 import sys
 from pathlib import Path
 
 from lora_pipeline.data import DataError, read_jsonl, remove_test_prompts, split_rows, write_jsonl
+from lora_pipeline.outputs import write_json
 from lora_pipeline.params import load_params
 
 RAW, OUT, METRICS = Path("data/raw/data.jsonl"), Path("data/split"), Path("metrics/split.json")
@@ -21,6 +21,5 @@ except DataError as exc:
 write_jsonl(train, OUT / "train.jsonl")
 write_jsonl(test, OUT / "test.jsonl")
 counts = {"train_rows": len(train), "test_rows": len(test), "train_test_duplicates_removed": removed}
-METRICS.parent.mkdir(exist_ok=True)
-METRICS.write_text(json.dumps(counts, indent=2) + "\n")
+write_json(METRICS, counts)
 print(f"split: {len(train)} train, {len(test)} test rows -> {OUT}; {removed} train rows removed that ask what a test row asks")

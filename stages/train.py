@@ -4,8 +4,8 @@ Launched by accelerate, one process per device (dvc.yaml's cmd):
     accelerate launch --config_file configs/accelerate/cpu.yaml -m stages.train
 Checkpoints go to checkpoints/train-<hash of params, code and data> every train.checkpoint_steps steps (and on
 SIGTERM/SIGINT); a re-run with the same hash resumes from the last complete one. Rank 0 alone writes the
-adapter, metrics/train.json and plots/train_loss.csv; timings go to logs/train_speed.json, which is no DVC
-output, so identical trainings give identical outputs.
+adapter, metrics/train.json and plots/train_loss.csv; timings and the step a run resumed from go to
+logs/train_speed.json, which is no DVC output, so identical trainings give identical outputs.
 """
 import csv
 import io
@@ -31,11 +31,7 @@ METRICS, LOSS_LOG, SPEED = Path("metrics/train.json"), Path("plots/train_loss.cs
 
 
 def main():
-    params = load_params("train")
-    sft = params.train.sft
-    if not torch.cuda.is_available() and (sft.bf16 or sft.fp16):
-        raise SystemExit("train.sft.bf16/fp16 need a GPU; set both to false to train on the CPU")
-
+    params = load_params("train")  # the validate stage has already refused what this machine cannot run
     checkpoints = run_dir(run_fingerprint("train"))
     if int(os.environ.get("RANK", "0")) == 0:  # the launcher's rank: accelerate's state is not set up yet
         lock = hold_run_lock(checkpoints)  # noqa: F841 (held until exit)
@@ -49,7 +45,7 @@ def main():
         print(f"resuming from {resume}", flush=True)
 
     start = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     seconds = time.perf_counter() - start
     if stopper.received:
         if rank0:
@@ -75,14 +71,14 @@ def main():
 
     history = [h for h in trainer.state.log_history if "loss" in h]
     write_json(METRICS, {
-        "train_loss": result.training_loss,
+        # the mean of the logged losses: the same whether or not the run was resumed (the log is restored with it)
+        "train_loss": sum(h["loss"] for h in history) / len(history) if history else None,
         "final_loss": history[-1]["loss"] if history else None,
         "steps": trainer.state.global_step,
         "world_size": trainer.args.world_size,
         "tokens": trainer.state.num_input_tokens_seen,  # non-padding tokens over all processes
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "liger_applied": int(implementations["liger"]["applied"]),
-        "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0,
     })
     rows = io.StringIO()
     writer = csv.DictWriter(rows, fieldnames=["step", "loss", "learning_rate", "grad_norm"], extrasaction="ignore",
@@ -93,7 +89,8 @@ def main():
     speed = {"seconds": seconds, "tokens_per_s": (trainer.state.num_input_tokens_seen - tokens_before) / seconds,
              "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-             "world_size": trainer.args.world_size, "implementations": implementations}
+             "world_size": trainer.args.world_size, "implementations": implementations,
+             "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0}
     write_json(SPEED, speed)
     shutil.rmtree(checkpoints, ignore_errors=True)  # finished: nothing left to resume
     print(json.dumps({"metrics": json.loads(METRICS.read_text()), "speed": speed}, indent=2))

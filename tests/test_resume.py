@@ -29,8 +29,9 @@ def short_repo(tmp_path_factory):
     run(["git", "commit", "-qm", "short run, data ready"], repo)
     run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu.yaml", "-m", "stages.train"], repo)
     reference = load_file(repo / ADAPTER)
+    reference_metrics = json.loads((repo / "metrics/train.json").read_text())
     forget_training(repo)
-    return repo, reference
+    return repo, reference, reference_metrics
 
 
 def forget_training(repo):
@@ -39,6 +40,11 @@ def forget_training(repo):
     for path in ("models/adapter", "metrics/train.json", "plots/train_loss.csv"):
         target = repo / path
         shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+
+
+def run_facts(repo) -> dict:
+    """What the train stage records beside its outputs: timings and the step it resumed from."""
+    return json.loads((repo / "logs/train_speed.json").read_text())
 
 
 def checkpoints(repo):
@@ -75,7 +81,7 @@ def assert_same_adapter(repo, reference):
 
 
 def test_sigkill_of_everything_resumes_from_the_last_checkpoint(short_repo):
-    repo, reference = short_repo
+    repo, reference, reference_metrics = short_repo
     forget_training(repo)
     proc = start_training(repo)
     wait_for_checkpoint_step(proc, repo, 8)
@@ -84,13 +90,15 @@ def test_sigkill_of_everything_resumes_from_the_last_checkpoint(short_repo):
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from checkpoints/train-" in output
     metrics = json.loads((repo / "metrics/train.json").read_text())
-    assert metrics["resumed_from_step"] == done >= 8 and metrics["steps"] == 24
+    assert run_facts(repo)["resumed_from_step"] == done >= 8 and metrics["steps"] == 24
+    assert metrics.keys() == reference_metrics.keys() and metrics["tokens"] == reference_metrics["tokens"]
+    assert metrics["train_loss"] == pytest.approx(reference_metrics["train_loss"], rel=1e-4)
     assert_same_adapter(repo, reference)
     assert not checkpoints(repo), "a finished run leaves no checkpoint behind"
 
 
 def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
-    repo, reference = short_repo
+    repo, reference, _ = short_repo
     forget_training(repo)
     proc = start_training(repo)
     wait_for_checkpoint_step(proc, repo, 4)
@@ -106,7 +114,7 @@ def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
     last = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
     assert last == stopped_at, "the step the worker stopped at is checkpointed: no step is lost"
     run(["dvc", "repro", "--no-run-cache", "train"], repo)
-    assert json.loads((repo / "metrics/train.json").read_text())["resumed_from_step"] == stopped_at
+    assert run_facts(repo)["resumed_from_step"] == stopped_at
     assert_same_adapter(repo, reference)
 
 
@@ -119,7 +127,7 @@ def kill_everything(proc):
 
 
 def test_two_processes_resume_after_a_kill(short_repo):
-    repo, _ = short_repo
+    repo, _, _ = short_repo
     forget_training(repo)
     set_params(repo, **{"train.accelerate_config": "cpu_ddp"})
     run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu_ddp.yaml", "-m", "stages.train"], repo)
@@ -131,12 +139,12 @@ def test_two_processes_resume_after_a_kill(short_repo):
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from" in output
     metrics = json.loads((repo / "metrics/train.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["resumed_from_step"] == done and metrics["steps"] == 24
+    assert metrics["world_size"] == 2 and run_facts(repo)["resumed_from_step"] == done and metrics["steps"] == 24
     assert_same_adapter(repo, reference)
 
 
 def test_a_checkpoint_of_other_params_is_not_resumed(short_repo):
-    repo, _ = short_repo
+    repo, _, _ = short_repo
     forget_training(repo)
     proc = start_training(repo)
     wait_for_checkpoint_step(proc, repo, 4)
@@ -146,7 +154,7 @@ def test_a_checkpoint_of_other_params_is_not_resumed(short_repo):
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from" not in output
     assert (repo / "checkpoints" / stale).is_dir(), "the other run's checkpoint is kept for that run"
-    assert json.loads((repo / "metrics/train.json").read_text())["resumed_from_step"] == 0
+    assert run_facts(repo)["resumed_from_step"] == 0
 
 
 def test_a_second_training_of_the_same_run_is_refused(tmp_path):
