@@ -1,11 +1,53 @@
-"""Checks of the inputs that params.yaml names (files, folders, language codes), cheap enough to run first."""
+"""Checks of the inputs that params.yaml names (files, folders, language codes, the base model's modules, this
+machine), cheap enough to run first; validate_all is everything the validate stage runs."""
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from lora_pipeline.data import LOCAL_DIR, LOCAL_FORMATS
+import yaml
+
+from lora_pipeline.data import LOCAL_DIR, LOCAL_FORMATS, split_rows
 from lora_pipeline.metrics import LANGUAGE_NAMES, mgsm_files
+from lora_pipeline.params import ROOT, ParamsError, StageParams, stage_view, validate
+
+# A held-out figure (loss, compliance) from one row is a single sample, not an average: two rows is the least.
+MIN_TEST_ROWS = 2
+
+
+def validate_all(raw: dict, root: Path = ROOT) -> StageParams:
+    """Everything the validate stage checks: the schema, each stage's declared keys, then every check below, with
+    paths relative to the working directory (the repository root, where stages run); raises one ParamsError that
+    lists each problem by its dotted key."""
+    params = validate(raw)
+    for stage in yaml.safe_load((root / "dvc.yaml").read_text())["stages"]:
+        stage_view(params, stage, root)  # every key that dvc.yaml declares must exist in the schema
+    view = stage_view(params, "validate", root)
+    checks = [
+        lambda: check_data(view.data),
+        lambda: check_split(view.data, view.split),
+        lambda: check_model(view.model),
+        lambda: check_tiny(view.model),
+        lambda: check_library_fields(view.train, view.lora),
+        lambda: check_scheduler(view.train),
+        lambda: check_machine(view.model, view.train),
+        lambda: check_base_model(view.model, view.lora, root),
+        lambda: check_eval(view.eval),
+        lambda: check_register(view.register),
+        lambda: check_gate_metric(view.register, view.eval),
+    ]
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except (ValueError, OSError) as exc:
+            problems.append(str(exc))
+    if problems:
+        lines = [line for problem in problems for line in problem.splitlines()]
+        raise ParamsError("params.yaml is invalid:\n" + "\n".join(f"  {line}" for line in lines))
+    return view
 
 
 def check_data(data) -> None:
@@ -20,17 +62,153 @@ def check_data(data) -> None:
             raise ValueError(f"data.name: {path} has suffix '{path.suffix}'; supported: {sorted(LOCAL_FORMATS)}")
 
 
+def most_rows(data) -> int | None:
+    """The most rows fetch can yield, known before it runs: data.builtin_rows, and data.max_rows of any source."""
+    bounds = [n for n in (data.builtin_rows if data.source == "builtin" else 0, data.max_rows) if n]
+    return min(bounds) if bounds else None
+
+
+def held_out_rows(data, split) -> int | None:
+    """Test rows that split.test_size leaves, where known before fetch; 0 where split would refuse it."""
+    rows = most_rows(data)
+    if rows is None:
+        return int(split.test_size) if split.test_size >= 1 else None
+    try:
+        return len(split_rows(list(range(rows)), split.test_size, split.seed)[1])
+    except ValueError:
+        return 0
+
+
+def check_split(data, split) -> None:
+    test_rows = held_out_rows(data, split)
+    if test_rows is not None and test_rows < MIN_TEST_ROWS:
+        rows = most_rows(data)
+        of = f" of at most {rows} (data.builtin_rows / data.max_rows)" if rows else ""
+        raise ValueError(f"split.test_size: {split.test_size:g} leaves {test_rows} test rows{of}; allowed: a "
+                         f"fraction below 1 or a whole row count that leaves at least {MIN_TEST_ROWS} test rows and "
+                         "one to train")
+
+
 def check_model(model) -> None:
     if model.source == "local" and not (Path(model.name) / "config.json").is_file():
         raise FileNotFoundError(f"model.name: {model.name} is not a model folder (no config.json)")
 
 
+def check_tiny(model) -> None:
+    """tiny-gpt-oss is stored in MXFP4, whose blocks need the widths to be multiples of the block size."""
+    from lora_pipeline.mxfp4 import MXFP4_BLOCK
+
+    if model.source != "tiny-gpt-oss":
+        return
+    for key in ("hidden_size", "intermediate_size"):
+        value = getattr(model.tiny, key)
+        if value % MXFP4_BLOCK:
+            raise ValueError(f"model.tiny.{key}: {value} is not a multiple of {MXFP4_BLOCK}, which tiny-gpt-oss "
+                             f"(MXFP4) needs; allowed: {MXFP4_BLOCK}, {2 * MXFP4_BLOCK}, ...")
+
+
+@dataclass
+class ModelLayout:
+    """What LoRA can target in the base model: its type, leaf module and parameter names, whether it has MoE experts."""
+    model_type: str
+    modules: list[str]
+    parameters: list[str]
+
+    @property
+    def has_experts(self) -> bool:
+        return any(".experts." in name for name in self.parameters)
+
+
+TINY_MODEL_TYPES = {"tiny-qwen2": "qwen2", "tiny-gpt-oss": "gpt_oss"}
+
+
+def base_model_config(model, root: Path):
+    """The base model's transformers config, without its weights: built from model.tiny, read from the local
+    folder, or for a Hub model from models/base when dvc.lock shows fetch put that very model there; else None."""
+    from transformers import AutoConfig
+
+    if model.source in TINY_MODEL_TYPES:
+        tiny = model.tiny
+        return AutoConfig.for_model(
+            TINY_MODEL_TYPES[model.source], vocab_size=tiny.vocab_size, hidden_size=tiny.hidden_size,
+            intermediate_size=tiny.intermediate_size, num_hidden_layers=tiny.num_hidden_layers,
+            num_attention_heads=tiny.num_attention_heads, num_key_value_heads=tiny.num_key_value_heads,
+            num_local_experts=tiny.num_local_experts, num_experts_per_tok=tiny.num_experts_per_tok)
+    folder = Path(model.name) if model.source == "local" else root / "models" / "base"
+    if model.source == "hub":
+        lock = root / "dvc.lock"
+        fetched = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}).get("fetch", {}) if lock.is_file() else {}
+        fetched = fetched.get("params", {}).get("params.yaml", {})
+        if any(fetched.get(f"model.{key}") != getattr(model, key) for key in ("source", "name", "revision")):
+            return None  # models/base holds another model, or none yet
+    return AutoConfig.from_pretrained(folder) if (folder / "config.json").is_file() else None
+
+
+def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
+    """The base model's module and parameter names, from its architecture built on the meta device (no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = base_model_config(model, root)
+    if config is None:
+        return None
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(config)
+    # Only leaf modules: peft wraps layers (Linear, Embedding, ...), not the blocks that hold them.
+    leaves = [name for name, module in built.named_modules() if not list(module.children())]
+    return ModelLayout(config.model_type, leaves, [name for name, _ in built.named_parameters()])
+
+
+def matches(names: list[str], key: str) -> bool:
+    """Whether peft's name matching finds `key` among module or parameter names: the name or its dotted tail."""
+    return any(name == key or name.endswith("." + key) for name in names)
+
+
+def check_base_model(model, lora, root: Path = ROOT) -> None:
+    """Settings that the base model's architecture rules out: MXFP4 and experts on a model without them, LoRA
+    targets that name nothing in it."""
+    layout = base_model_layout(model, root)
+    if layout is None:
+        return  # a Hub model not fetched yet: fetch and train check these against the real weights
+    problems = []
+    arch = f"the base model ({layout.model_type})"
+    if model.mxfp4_dequantize and layout.model_type != "gpt_oss":
+        problems.append(f"model.mxfp4_dequantize: true, but {arch} is not gpt-oss, whose MXFP4 experts it "
+                        "dequantizes; allowed: false")
+    if model.experts_implementation != "eager" and not layout.has_experts:
+        problems.append(f"model.experts_implementation: {model.experts_implementation}, but {arch} has no MoE "
+                        "experts; allowed: eager")
+    targets = lora.target_modules
+    if isinstance(targets, str) and targets != "all-linear" and not any(re.fullmatch(targets, m)
+                                                                        for m in layout.modules):
+        problems.append(f"lora.target_modules: the regex '{targets}' matches no module of {arch}; allowed: all-linear, "
+                        f"a regex or names such as {module_kinds(layout.modules)}")
+    elif isinstance(targets, list):
+        missing = [t for t in targets if not matches(layout.modules, t)]
+        if missing:
+            problems.append(f"lora.target_modules: {missing} name no module of {arch}; allowed: "
+                            f"{module_kinds(layout.modules)}")
+    missing = [t for t in lora.target_parameters if not matches(layout.parameters, t)]
+    if missing:
+        experts = "" if layout.has_experts else ", which has no MoE experts"
+        problems.append(f"lora.target_parameters: {missing} name no parameter of {arch}{experts}; allowed: [] or "
+                        f"parameters such as {module_kinds(layout.parameters, parameters=True)}")
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+def module_kinds(names: list[str], parameters: bool = False) -> list[str]:
+    """Distinct names without layer numbers: the last part of each module name, or the owner.name of a parameter."""
+    parts = 2 if parameters else 1
+    return sorted({".".join(n.split(".")[-parts:]) for n in names if not n.split(".")[-1].isdigit()})
+
+
 def check_eval(ev) -> None:
-    mgsm_languages = ev.mgsm.languages if ev.mgsm.path else []
-    unknown = [lang for lang in [*ev.languages, *mgsm_languages] if lang not in LANGUAGE_NAMES]
-    if unknown:
-        raise ValueError(f"eval.languages / eval.mgsm.languages: unknown codes {unknown}; "
-                         f"known: {sorted(LANGUAGE_NAMES)}")
+    languages = {"eval.languages": ev.languages, "eval.mgsm.languages": ev.mgsm.languages if ev.mgsm.path else []}
+    problems = [f"{key}: unknown codes {unknown}; known: {sorted(LANGUAGE_NAMES)}"
+                for key, codes in languages.items() if (unknown := [c for c in codes if c not in LANGUAGE_NAMES])]
+    if problems:
+        raise ValueError("\n".join(problems))
     if ev.mgsm.path and ev.mgsm.path != "hub":
         mgsm_files(ev.mgsm.path, ev.mgsm.languages)
 
@@ -42,6 +220,24 @@ def check_register(register) -> None:
                          "(the metrics file it comes from)")
 
 
+def eval_metric_keys(ev) -> list[str]:
+    """The figures of the fine-tuned model that stages/evaluate.py writes to metrics/eval.json for these params."""
+    keys = ["test.loss", "test.perplexity", "compliance.overall", *(f"compliance.{lang}" for lang in ev.languages),
+            "final_language_rate", "accuracy.builtin"]
+    if ev.mgsm.path:
+        keys += ["accuracy.mgsm.overall", *(f"accuracy.mgsm.{lang}" for lang in ev.mgsm.languages)]
+    return keys
+
+
+def check_gate_metric(register, ev) -> None:
+    """An eval. gate metric must be a figure that evaluate writes with these params (train. and merge. figures are
+    checked by register against the metrics files)."""
+    stage, _, key = register.gate_metric.partition(".")
+    if stage == "eval" and key not in (known := eval_metric_keys(ev)):
+        raise ValueError(f"register.gate_metric: '{register.gate_metric}' is not a figure that evaluate writes with "
+                         f"these eval params; allowed: {['eval.' + k for k in known]}")
+
+
 # Fields the train stage sets itself: a value in params.yaml would be overridden, so it is refused.
 STAGE_OWNED_SFT_FIELDS = {"output_dir", "save_strategy", "save_steps", "save_total_limit", "report_to", "use_cpu",
                           "include_num_input_tokens_seen", "dataloader_num_workers", "gradient_checkpointing_kwargs"}
@@ -51,16 +247,21 @@ STAGE_OWNED_SFT_FIELDS = {"output_dir", "save_strategy", "save_steps", "save_tot
 FIELD_ALIASES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target": "target_modules"}
 
 
-def unknown_fields(given: dict, known: set[str], section: str, owner: str) -> list[str]:
-    """One message per key of `given` that is not a field of `owner`, with the closest field name."""
+def closest(name: str, known) -> str | None:
+    """The known name that `name` most likely means: its alias, else the nearest spelling."""
     import difflib
 
+    alias = FIELD_ALIASES.get(name)
+    return alias if alias in known else next(iter(difflib.get_close_matches(name, sorted(known), n=1)), None)
+
+
+def unknown_fields(given: dict, known: set[str], section: str, owner: str) -> list[str]:
+    """One message per key of `given` that is not a field of `owner`, with the closest field name."""
     messages = []
     for key in given:
         if key not in known:
-            alias = FIELD_ALIASES.get(key)
-            close = [alias] if alias in known else difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean {section}.{close[0]}?" if close else ""
+            close = closest(key, known)
+            hint = f"; did you mean {section}.{close}?" if close else ""
             messages.append(f"{section}.{key}: not a {owner} field{hint}")
     return messages
 
@@ -83,16 +284,33 @@ def check_library_fields(train, lora) -> None:
         raise ValueError("\n".join(problems))
 
 
+def check_scheduler(train) -> None:
+    from transformers import SchedulerType
+
+    name, known = train.sft.lr_scheduler_type, [s.value for s in SchedulerType]
+    if name not in known:
+        close = closest(name, known)
+        hint = f"did you mean {close}? " if close else ""
+        raise ValueError(f"train.sft.lr_scheduler_type: '{name}' is not a transformers scheduler; {hint}"
+                         f"allowed: {known}")
+
+
 def check_machine(model, train) -> None:
-    """Settings this machine cannot run: mixed precision and flash attention need a GPU (flex attention falls back)."""
+    """Settings this machine cannot run: mixed precision needs a GPU, flash attention a GPU and flash-attn (flex
+    attention falls back to sdpa on a CPU)."""
     import importlib.util
 
     import torch
 
-    if not torch.cuda.is_available():
-        if train.sft.bf16 or train.sft.fp16:
-            raise ValueError("train.sft.bf16 / train.sft.fp16: mixed precision needs a CUDA GPU and none is present; "
-                             "set both to false to train on the CPU")
-    elif model.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
-        raise ValueError("model.attn_implementation: flash_attention_2 needs the flash-attn package, which is not "
-                         "installed; use flex_attention or sdpa")
+    problems = []
+    gpu = torch.cuda.is_available()
+    if not gpu and (train.sft.bf16 or train.sft.fp16):
+        problems.append(f"train.sft.bf16 / train.sft.fp16: mixed precision needs a CUDA GPU and none is present (got "
+                        f"bf16 {train.sft.bf16}, fp16 {train.sft.fp16}); allowed here: both false, to train on the CPU")
+    flash_attn = importlib.util.find_spec("flash_attn") is not None
+    lacking = [need for need, present in (("a CUDA GPU", gpu), ("the flash-attn package", flash_attn)) if not present]
+    if model.attn_implementation == "flash_attention_2" and lacking:
+        problems.append(f"model.attn_implementation: flash_attention_2 needs {' and '.join(lacking)}, which this "
+                        "machine lacks; allowed here: eager, sdpa, flex_attention")
+    if problems:
+        raise ValueError("\n".join(problems))

@@ -1,12 +1,13 @@
 """Typed schema of params.yaml, and per-stage views that expose only the keys a stage declares in dvc.yaml."""
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,6 +25,13 @@ def _require_name(section):
     if section.source in ("hub", "local") and not section.name:
         raise ValueError(f"name is required when source is '{section.source}'")
     return section
+
+
+def _not_empty(value, what: str):
+    """A list (or string) that must name at least one thing."""
+    if not value:
+        raise ValueError(f"must name at least one {what}")
+    return value
 
 
 class TinyModel(_Section):
@@ -89,6 +97,13 @@ class Split(_Section):
     test_size: float = Field(gt=0)  # a fraction below 1, or a row count from 1 up
     seed: int
 
+    @field_validator("test_size")
+    @classmethod
+    def _whole_row_count(cls, value):
+        if value >= 1 and value != int(value):
+            raise ValueError("a row count must be whole; allowed: a fraction below 1 or a whole row count")
+        return value
+
 
 class Sft(_Section):
     """trl.SFTConfig fields: these are typed and required; any other SFTConfig field may be added (checked in
@@ -121,14 +136,17 @@ class Train(_Section):
     checkpoint_steps: int = Field(ge=0)  # save a resumable checkpoint every N optimizer steps (0: never)
     sft: Sft
 
-    @model_validator(mode="after")
-    def _config_exists(self):
-        path = ROOT / "configs" / "accelerate" / f"{self.accelerate_config}.yaml"
+    @field_validator("accelerate_config")
+    @classmethod
+    def _config_exists(cls, name):
+        folder = ROOT / "configs" / "accelerate"
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", name):  # a name, so that it cannot point outside the folder
+            raise ValueError(f"a config name (letters, digits, _ and - only), not a path; known: {known}")
+        path = folder / f"{name}.yaml"
         if not path.is_file():
-            known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-            raise ValueError(f"accelerate_config '{self.accelerate_config}' has no file {path.relative_to(ROOT)}; "
-                             f"known: {known}")
-        return self
+            raise ValueError(f"no file {path.relative_to(ROOT)}; known: {known}")
+        return name
 
 
 class Lora(_Section):
@@ -141,6 +159,11 @@ class Lora(_Section):
     target_modules: str | list[str]
     target_parameters: list[str]  # e.g. gpt-oss experts: mlp.experts.gate_up_proj, mlp.experts.down_proj
     bias: Literal["none", "all", "lora_only"]
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, value):
+        return _not_empty(value, "module (a list of names, a regex, or all-linear)")
 
     @model_validator(mode="after")
     def _dropout_with_parameters(self):
@@ -155,6 +178,11 @@ class Mgsm(_Section):
     languages: list[str]
     limit: int = Field(ge=1)
 
+    @field_validator("languages")
+    @classmethod
+    def _some_languages_when_run(cls, value, info: ValidationInfo):
+        return _not_empty(value, "language code while path is set") if info.data.get("path") else value
+
 
 class Eval(_Section):
     languages: list[str]
@@ -165,6 +193,11 @@ class Eval(_Section):
     include_base: bool  # also evaluate the base model, for before/after figures
     loss_rows: int = Field(ge=0)  # 0: the whole test split
     mgsm: Mgsm
+
+    @field_validator("languages")
+    @classmethod
+    def _some_languages(cls, value):
+        return _not_empty(value, "language code")
 
 
 class Register(_Section):
@@ -198,8 +231,18 @@ def validate(raw: dict, source: str = "params.yaml") -> Params:
         for err in exc.errors():
             key = ".".join(str(p) for p in err["loc"])
             got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err["input"], dict) else ""
+            if err["type"] == "extra_forbidden":
+                got += f"; allowed: {_field_names(err['loc'][:-1])}"
             lines.append(f"  {key or '<root>'}: {err['msg']}{got}")
         raise ParamsError(f"{source} is invalid:\n" + "\n".join(lines)) from None
+
+
+def _field_names(loc: tuple) -> list[str]:
+    """The keys the schema allows in the section at `loc`, e.g. ('model', 'tiny')."""
+    section = Params
+    for name in loc:
+        section = section.model_fields[name].annotation
+    return list(section.model_fields)
 
 
 def declared_keys(stage: str, root: Path = ROOT) -> list[str]:
@@ -257,7 +300,11 @@ def load_params(stage: str, root: Path = ROOT) -> StageParams:
     path = root / "params.yaml"
     if not path.is_file():
         raise ParamsError(f"{path} not found")
-    params = validate(yaml.safe_load(path.read_text()), source=str(path.name))
+    return stage_view(validate(yaml.safe_load(path.read_text()), source=str(path.name)), stage, root)
+
+
+def stage_view(params: Params, stage: str, root: Path = ROOT) -> StageParams:
+    """The view of validated params that `stage` may read; every key it declares in dvc.yaml must exist."""
     declared = declared_keys(stage, root)
     leaves = set(flat_keys(params.model_dump()))
     unknown = [k for k in declared if k not in leaves and not any(l.startswith(k + ".") for l in leaves)]

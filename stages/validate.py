@@ -1,26 +1,24 @@
-"""validate: params.yaml against its schema, each stage's declared keys, and the files it names.
+"""validate: params.yaml against its schema, each stage's declared keys, and the files, model and machine it names.
 
     python -m stages.validate
 Runs before every other stage, which all depend on its output. That output's content never changes, so a
 valid change re-runs only the stages that read the changed keys; an invalid one stops the pipeline here,
-naming the key or file, before any stage has removed its previous outputs.
+naming each bad key, before any stage has removed its previous outputs.
 """
+import sys
 from pathlib import Path
 
-from lora_pipeline import checks
-from lora_pipeline.params import load_params
+import yaml
+
+from lora_pipeline.checks import validate_all
+from lora_pipeline.params import ROOT, ParamsError
 
 OUT = Path("data/params.ok")
 
-params = load_params("validate")
-for stage in ("fetch", "split", "train", "merge", "evaluate", "register"):
-    load_params(stage)  # every key that dvc.yaml declares must exist in the schema
-checks.check_data(params.data)
-checks.check_model(params.model)
-checks.check_library_fields(params.train, params.lora)
-checks.check_machine(params.model, params.train)
-checks.check_eval(params.eval)
-checks.check_register(params.register)
+try:
+    validate_all(yaml.safe_load((ROOT / "params.yaml").read_text()))
+except ParamsError as exc:
+    sys.exit(f"validate: {exc}")
 OUT.parent.mkdir(exist_ok=True)
 OUT.write_text("params.yaml is valid\n")
 print("params.yaml is valid")

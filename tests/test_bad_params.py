@@ -1,0 +1,170 @@
+"""Bad values in params.yaml: the validate stage refuses each, naming the dotted key, the value and what is allowed."""
+import importlib.util
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from conftest import ROOT, copy_repo, run_env
+from lora_pipeline.checks import MIN_TEST_ROWS, validate_all
+from lora_pipeline.params import ParamsError
+
+DELETE = object()  # a change that removes the key
+HAS_FLASH_ATTN = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def shipped(**dotted) -> dict:
+    """params.yaml as shipped, with dotted keys set (or deleted with DELETE)."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = raw
+        for part in parents:
+            node = node[part]
+        if value is DELETE:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return raw
+
+
+@pytest.fixture(autouse=True)
+def in_repo(monkeypatch):
+    """The stage runs at the repository root; paths in params.yaml are relative to it."""
+    monkeypatch.chdir(ROOT)
+
+
+def case(changes: dict, key: str, value: str, *marks):
+    """A bad params change, the key its error must name, and a fragment of that line that shows the value."""
+    return pytest.param(changes, key, value, id=f"{key}={value}", marks=marks)
+
+
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+GPT_OSS = {"model.source": "tiny-gpt-oss", "lora.lora_dropout": 0.0}
+
+BAD = [
+    # schema: missing, wrong type, out of range, unknown keys
+    case({"lora.r": DELETE}, "lora.r", "Field required"),
+    case({"split.seed": "abc"}, "split.seed", "'abc'"),
+    case({"lora.r": "eight"}, "lora.r", "'eight'"),
+    case({"lora.r": 0}, "lora.r", "greater than or equal to 1 (got 0)"),
+    case({"lora.r": 100000}, "lora.r", "less than or equal to 4096 (got 100000)"),
+    case({"lora.lora_dropout": 1.5}, "lora.lora_dropout", "less than 1 (got 1.5)"),
+    case({"train.sft.learning_rate": -1e-4}, "train.sft.learning_rate", "greater than 0 (got -0.0001)"),
+    case({"train.sft.max_length": 5}, "train.sft.max_length", "(got 5)"),
+    case({"eval.batch_size": 0}, "eval.batch_size", "(got 0)"),
+    case({"data.max_rows": -1}, "data.max_rows", "(got -1)"),
+    case({"model.dtype": "fp8"}, "model.dtype", "'fp8'"),
+    case({"register.log_mode": "weights"}, "register.log_mode", "'weights'"),
+    case({"split.test_size": 0}, "split.test_size", "(got 0)"),
+    case({"split.test_size": 2.5}, "split.test_size", "allowed: a fraction below 1 or a whole row count (got 2.5)"),
+    case({"eval.languages": []}, "eval.languages", "at least one language code (got [])"),
+    case({"eval.mgsm.path": "hub", "eval.mgsm.languages": []}, "eval.mgsm.languages", "(got [])"),
+    case({"lora.target_modules": []}, "lora.target_modules", "or all-linear) (got [])"),
+    case({"optimizer": {"lr": 1}}, "optimizer", "allowed: ['data', 'model'"),
+    case({"data.sorce": "builtin"}, "data.sorce", "allowed: ['source'"),
+    case({"train.accelerate_config": "../../../etc/passwd"}, "train.accelerate_config", "not a path"),
+    case({"train.accelerate_config": "nope"}, "train.accelerate_config", "configs/accelerate/nope.yaml"),
+    # library fields: misspelt or owned by the train stage
+    case({"lora.rank": 16}, "lora.rank", "did you mean lora.r?"),
+    case({"train.sft.learning_rat": 1e-4}, "train.sft.learning_rat", "did you mean train.sft.learning_rate?"),
+    case({"train.sft.output_dir": "out"}, "train.sft.output_dir", "sets it itself"),
+    case({"train.sft.lr_scheduler_type": "cosinus"}, "train.sft.lr_scheduler_type", "'cosinus'"),
+    # split against the rows the data set yields (data.builtin_rows: 2000)
+    case({"split.test_size": 5000}, "split.test_size", "5000"),
+    case({"split.test_size": 2000}, "split.test_size", "leaves 0 test rows of at most 2000"),
+    case({"split.test_size": 1}, "split.test_size", f"leaves 1 test rows"),
+    case({"split.test_size": 0.0005}, "split.test_size", "0.0005 leaves 1 test rows"),
+    case({"data.source": "hub", "data.name": "org/rows", "data.max_rows": 300, "split.test_size": 300},
+         "split.test_size", "of at most 300"),
+    # files and language codes
+    case({"data.source": "local", "data.name": "../outside.jsonl"}, "data.name", "../outside.jsonl"),
+    case({"data.source": "local", "data.name": "data/local/missing.jsonl"}, "data.name", "missing.jsonl"),
+    case({"model.source": "local", "model.name": "configs"}, "model.name", "configs is not a model folder"),
+    case({"eval.languages": ["en", "xx"]}, "eval.languages", "unknown codes ['xx']"),
+    case({"eval.mgsm.path": "hub", "eval.mgsm.languages": ["de", "yy"]}, "eval.mgsm.languages", "['yy']"),
+    # the base model's architecture
+    case({"model.mxfp4_dequantize": True}, "model.mxfp4_dequantize", "(qwen2) is not gpt-oss"),
+    case({"model.experts_implementation": "grouped_mm"}, "model.experts_implementation", "grouped_mm"),
+    case({"lora.target_modules": ["q_proj", "qkv_proj"]}, "lora.target_modules", "['qkv_proj']"),
+    case({"lora.target_modules": r".*\.c_attn"}, "lora.target_modules", r"'.*\.c_attn'"),
+    case({"lora.target_parameters": ["mlp.experts.gate_up_proj"], "lora.lora_dropout": 0.0},
+         "lora.target_parameters", "has no MoE experts"),
+    case({**GPT_OSS, "lora.target_parameters": ["mlp.experts.up_proj"]}, "lora.target_parameters",
+         "['mlp.experts.up_proj']"),
+    case({**GPT_OSS, "lora.target_modules": ["gate_proj"]}, "lora.target_modules", "['gate_proj']"),
+    case({**GPT_OSS, "model.tiny.hidden_size": 48}, "model.tiny.hidden_size", "48 is not a multiple of 32"),
+    # metrics the gate can read
+    case({"register.gate_metric": "compliance.overall"}, "register.gate_metric", "'compliance.overall'"),
+    case({"register.gate_metric": "eval.compliance.ja"}, "register.gate_metric", "'eval.compliance.ja'"),
+    case({"register.gate_metric": "eval.test.los"}, "register.gate_metric", "'eval.test.los'"),
+    case({"register.gate_metric": "eval.accuracy.mgsm.overall"}, "register.gate_metric", "mgsm.overall"),
+    # this machine
+    case({"train.sft.bf16": True}, "train.sft.bf16", "bf16 True", no_gpu),
+    case({"train.sft.fp16": True}, "train.sft.fp16", "fp16 True", no_gpu),
+    case({"model.attn_implementation": "flash_attention_2"}, "model.attn_implementation", "flash_attention_2",
+         pytest.mark.skipif(HAS_FLASH_ATTN, reason="this machine runs flash attention")),
+]
+
+
+@pytest.mark.parametrize("changes, key, value", BAD)
+def test_bad_param_is_refused_naming_key_and_value(changes, key, value):
+    with pytest.raises(ParamsError) as refused:
+        validate_all(shipped(**changes))
+    message = str(refused.value)
+    line = next((l for l in message.splitlines() if re.search(rf"{re.escape(key)}[: ]", l)), None)
+    assert line is not None, f"no line names {key}:\n{message}"
+    assert value in line, f"the line for {key} does not show {value!r}:\n{message}"
+
+
+def test_at_least_25_distinct_keys_are_covered():
+    assert len({param.values[1] for param in BAD}) >= 25
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ParamsError) as refused:
+        validate_all(shipped(**{"eval.languages": ["xx"], "model.mxfp4_dequantize": True,
+                                "train.sft.lr_scheduler_type": "cosinus"}))
+    for key in ("eval.languages", "model.mxfp4_dequantize", "train.sft.lr_scheduler_type"):
+        assert key in str(refused.value)
+
+
+@pytest.mark.parametrize("changes", [
+    {},
+    {"split.test_size": MIN_TEST_ROWS},
+    {"split.test_size": 0.001},  # 2 of 2000 rows
+    {"register.gate_metric": "eval.compliance.de"},
+    {"register.gate_metric": "train.final_loss"},
+    {"register.gate_metric": "eval.accuracy.mgsm.de", "eval.mgsm.path": "hub"},
+    {"lora.target_modules": ["q_proj", "self_attn.v_proj", "down_proj"]},
+    {"lora.target_modules": r".*\.(q|v)_proj"},
+    {"lora.use_rslora": True, "train.sft.max_grad_norm": 0.5, "train.sft.lr_scheduler_type": "constant"},
+    {**GPT_OSS, "model.mxfp4_dequantize": True, "model.experts_implementation": "grouped_mm",
+     "lora.target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
+    # a Hub model not fetched yet: its architecture is unknown, so checked only once fetch has it
+    {"model.source": "hub", "model.name": "org/model", "model.mxfp4_dequantize": True},
+], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items()) or "shipped")
+def test_good_params_pass(changes):
+    assert validate_all(shipped(**changes)).lora.r >= 1
+
+
+def test_local_model_is_checked_against_its_config(tmp_path):
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("qwen2", num_hidden_layers=1).save_pretrained(tmp_path)
+    validate_all(shipped(**{"model.source": "local", "model.name": str(tmp_path)}))
+    with pytest.raises(ParamsError, match=r"model\.mxfp4_dequantize: true, but the base model \(qwen2\)"):
+        validate_all(shipped(**{"model.source": "local", "model.name": str(tmp_path), "model.mxfp4_dequantize": True}))
+
+
+def test_validate_stage_exits_naming_the_key(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    (repo / "params.yaml").write_text(yaml.safe_dump(shipped(**{"lora.r": 0, "train.sft.lr_scheduler_type": "cosinus"}),
+                                                     sort_keys=False))
+    proc = subprocess.run([sys.executable, "-m", "stages.validate"], cwd=repo, env=run_env(), capture_output=True,
+                          text=True)
+    assert proc.returncode != 0 and "lora.r:" in proc.stderr and "(got 0)" in proc.stderr, proc.stderr
+    assert not (repo / "data" / "params.ok").exists()
