@@ -2,14 +2,13 @@
 machine), cheap enough to run first; validate_all is everything the validate stage runs."""
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from lora_pipeline.data import LOCAL_DIR, LOCAL_FORMATS, split_rows
+from lora_pipeline.data import check_data, split_rows
 from lora_pipeline.metrics import LANGUAGE_NAMES, mgsm_files
 from lora_pipeline.params import ROOT, ParamsError, StageParams, stage_view, validate
 
@@ -48,18 +47,6 @@ def validate_all(raw: dict, root: Path = ROOT) -> StageParams:
         lines = [line for problem in problems for line in problem.splitlines()]
         raise ParamsError("params.yaml is invalid:\n" + "\n".join(f"  {line}" for line in lines))
     return view
-
-
-def check_data(data) -> None:
-    if data.source == "local":
-        path = Path(data.name)
-        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(LOCAL_DIR)):
-            raise ValueError(f"data.name: local data files live under {LOCAL_DIR}/ (a dependency of fetch, so "
-                             f"editing one re-runs it); move {path} there")
-        if not path.is_file():
-            raise FileNotFoundError(f"data.name: local data file {path} does not exist")
-        if path.suffix not in LOCAL_FORMATS:
-            raise ValueError(f"data.name: {path} has suffix '{path.suffix}'; supported: {sorted(LOCAL_FORMATS)}")
 
 
 def most_rows(data) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +52,21 @@ def read_source(data_params) -> tuple[str, list[SourceRow]]:
         dataset = datasets.load_dataset(data_params.name, revision=data_params.revision, split=data_params.hub_split)
         label = f"{data_params.name} ({data_params.hub_split})"
         return label, [SourceRow(i, decode_messages(row)) for i, row in enumerate(dataset.to_list(), 1)]
-    from lora_pipeline.checks import check_data
-
     check_data(data_params)
     return data_params.name, read_local(Path(data_params.name), data_params.name)
+
+
+def check_data(data) -> None:
+    """A local data file must exist under data/local/ with a supported suffix (checked by validate, and again here)."""
+    if data.source == "local":
+        path = Path(data.name)
+        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(LOCAL_DIR)):
+            raise ValueError(f"data.name: local data files live under {LOCAL_DIR}/ (a dependency of fetch, so "
+                             f"editing one re-runs it); move {path} there")
+        if not path.is_file():
+            raise FileNotFoundError(f"data.name: local data file {path} does not exist")
+        if path.suffix not in LOCAL_FORMATS:
+            raise ValueError(f"data.name: {path} has suffix '{path.suffix}'; supported: {sorted(LOCAL_FORMATS)}")
 
 
 def read_local(path: Path, label: str) -> list[SourceRow]:

@@ -73,6 +73,18 @@ def workers(proc):
             if "stages.train" in " ".join(p.cmdline()) and "accelerate" not in " ".join(p.cmdline())]
 
 
+def killed_training(repo, at_step, accelerate_config="cpu") -> int:
+    """Start training, SIGKILL DVC, the launcher and the workers (these stop at their next step when the launcher
+    is gone) once a checkpoint at `at_step` exists; return the last complete checkpoint's step."""
+    proc = start_training(repo, accelerate_config)
+    wait_for_checkpoint_step(proc, repo, at_step)
+    training = workers(proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    psutil.wait_procs(training)
+    return max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
+
+
 def assert_same_adapter(repo, reference):
     resumed = load_file(repo / ADAPTER)
     assert resumed.keys() == reference.keys()
@@ -83,10 +95,7 @@ def assert_same_adapter(repo, reference):
 def test_sigkill_of_everything_resumes_from_the_last_checkpoint(short_repo):
     repo, reference, reference_metrics = short_repo
     forget_training(repo)
-    proc = start_training(repo)
-    wait_for_checkpoint_step(proc, repo, 8)
-    kill_everything(proc)
-    done = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
+    done = killed_training(repo, at_step=8)
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from checkpoints/train-" in output
     metrics = json.loads((repo / "metrics/train.json").read_text())
@@ -118,12 +127,6 @@ def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
     assert_same_adapter(repo, reference)
 
 
-def kill_everything(proc):
-    """SIGKILL to DVC, the launcher and (through the launcher's death) the workers; wait until all are gone."""
-    training = workers(proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    psutil.wait_procs(training)
 
 
 def test_two_processes_resume_after_a_kill(short_repo):
@@ -132,10 +135,7 @@ def test_two_processes_resume_after_a_kill(short_repo):
     set_params(repo, **{"train.accelerate_config": "cpu_ddp"})
     run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu_ddp.yaml", "-m", "stages.train"], repo)
     reference = load_file(repo / ADAPTER)
-    proc = start_training(repo, accelerate_config="cpu_ddp")
-    wait_for_checkpoint_step(proc, repo, 4)
-    kill_everything(proc)
-    done = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
+    done = killed_training(repo, at_step=4, accelerate_config="cpu_ddp")
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from" in output
     metrics = json.loads((repo / "metrics/train.json").read_text())
@@ -146,9 +146,7 @@ def test_two_processes_resume_after_a_kill(short_repo):
 def test_a_checkpoint_of_other_params_is_not_resumed(short_repo):
     repo, _, _ = short_repo
     forget_training(repo)
-    proc = start_training(repo)
-    wait_for_checkpoint_step(proc, repo, 4)
-    kill_everything(proc)
+    killed_training(repo, at_step=4)
     stale = checkpoints(repo)[0].parents[1].name
     set_params(repo, **{"lora.r": 4})
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
