@@ -27,12 +27,12 @@ def _hash_path(digest, path: Path) -> None:
 def run_fingerprint(stage: str, root: Path = Path(".")) -> str:
     """sha256 (first 16 hex digits) of the params.yaml values the stage declares in dvc.yaml and of the content
     of its dvc.yaml dependencies: what DVC itself decides a re-run by."""
-    from lora_pipeline.params import declared_keys, flat_keys
+    from lora_pipeline.params import declared_keys, flat_keys, is_declared
 
     stage_def = yaml.safe_load((root / "dvc.yaml").read_text())["stages"][stage]
     values = flat_keys(yaml.safe_load((root / "params.yaml").read_text()))
     declared = declared_keys(stage, root)
-    used = {k: v for k, v in values.items() if any(k == d or k.startswith(d + ".") for d in declared)}
+    used = {k: v for k, v in values.items() if is_declared(k, declared)}
     digest = hashlib.sha256(json.dumps(used, sort_keys=True).encode())
     for dep in stage_def.get("deps", []):
         path = root / re.sub(r"\$\{([\w.]+)\}", lambda m: str(values[m.group(1)]), dep)
@@ -53,7 +53,6 @@ def last_complete(folder: Path) -> Path | None:
     done = [(int(m.group(1)), p) for p in folder.iterdir()
             if (m := _STEP.match(p.name)) and (p / "trainer_state.json").is_file()]
     return max(done)[1] if done else None
-
 
 
 def hold_run_lock(folder: Path):

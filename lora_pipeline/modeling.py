@@ -40,8 +40,7 @@ def runnable_implementations(path: str | Path, model_params) -> dict:
     if attention == "sdpa" and model_type == "gpt_oss":
         notes.append("gpt-oss has no sdpa attention (attention sinks)")
         attention = "eager"
-    return {"attention": attention, "experts": experts, "requested": {"attention": model_params.attn_implementation,
-            "experts": model_params.experts_implementation}, "notes": notes}
+    return {"attention": attention, "experts": experts, "notes": notes}
 
 
 def load_model(path: str | Path, model_params, quantized: bool | None = None, **kwargs):

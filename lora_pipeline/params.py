@@ -261,6 +261,11 @@ def declared_keys(stage: str, root: Path = ROOT) -> list[str]:
     return keys
 
 
+def is_declared(key: str, declared: list[str]) -> bool:
+    """Whether a dotted key is one that dvc.yaml lists, or lies inside a section it lists."""
+    return any(key == d or key.startswith(d + ".") for d in declared)
+
+
 class StageParams:
     """Read-only view of Params that raises on any key the stage did not declare in dvc.yaml."""
 
@@ -268,7 +273,7 @@ class StageParams:
         self._node, self._stage, self._declared, self._prefix = node, stage, declared, prefix
 
     def _check(self, path: str, whole: bool) -> None:
-        covered = any(path == k or path.startswith(k + ".") for k in self._declared)
+        covered = is_declared(path, self._declared)
         if not whole and not covered:
             covered = any(k.startswith(path + ".") for k in self._declared)
         if not covered:
