@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARA
 
 case $RECIPE in
   qwen2-0.5b) MICRO=32; batch() { echo "$MICRO 1"; } ;;                       # micro-batch, grad accumulation
-  gpt-oss-20b) MICRO=8; batch() { echo "$MICRO $((16 / (MICRO * $1)))"; } ;;   # global batch 16, as the seed's
+  gpt-oss-20b) batch() { echo "$((16 / $1)) 1"; } ;;   # global batch 16, as the seed's 8 GPUs
   *) echo "unknown recipe $RECIPE" >&2; exit 2 ;;
 esac
 
@@ -33,7 +33,7 @@ for n in 1 $( [ "$GPUS" -ge 2 ] && echo "$GPUS"); do
     benchmarks/train_throughput.py --recipe "recipes/$RECIPE.yaml" --arch "$RECIPE" --checkpoint "/tmp/bench-$RECIPE" \
     --set "train.sft.per_device_train_batch_size=$micro" --set "train.sft.gradient_accumulation_steps=$accum" \
     --seed-result "$RUNS/seed.jsonl" --commit "$COMMIT" --label fast --out "$RESULTS" \
-    ${PROFILE:+--profile "$PROFILE-$RECIPE-${n}gpu.txt"} "$@" 2>&1 | grep -E '^\{|Error' || true
+    ${PROFILE:+--profile "$PROFILE-$RECIPE-${n}gpu.txt"} "$@" 2>&1 | grep -E '^\{|^#|^built|Error' || true
 done
 echo "=== $RESULTS (last lines)"
 tail -n 3 "$RESULTS" | python3 -c "

@@ -30,7 +30,7 @@ WORKLOADS = {
     "qwen2-0.5b": dict(n=2000, median=600, sigma=0.7, lo=32, hi=4096, vocab=151936, seed=1),
     "gpt-oss-20b": dict(n=200, median=900, sigma=0.6, lo=64, hi=4096, vocab=201088, seed=2),
 }
-WARM_STEPS = {"qwen2-0.5b": 3, "gpt-oss-20b": 2}
+WARM_STEPS = {"qwen2-0.5b": 3, "gpt-oss-20b": 3}  # gpt-oss: flex attention compiles for the first shapes, then dynamic ones
 # Dense bf16 peak of the H100/H200 SXM by the datasheet (no sparsity), for MFU.
 PEAK_FLOPS = 989e12
 
@@ -162,11 +162,15 @@ def main():
         print(f"built {args.arch} checkpoint in {time.perf_counter() - start:.0f}s", flush=True)
     state.wait_for_everyone()
 
-    marks, tokens = {}, [0]
+    marks, tokens, last = {}, [0], [time.perf_counter()]
 
     class Clock(TrainerCallback):
         def on_step_end(self, a, s, control, **kwargs):
             torch.cuda.synchronize()
+            now = time.perf_counter()
+            if state.is_main_process:  # progress: compile time shows up as slow first steps
+                print(f"# step {s.global_step}: {now - last[0]:.1f}s", flush=True)
+            last[0] = now
             if s.global_step in (warm, warm + args.steps):
                 marks[s.global_step] = (time.perf_counter(), tokens[0])
             if profiled and s.global_step == warm + args.steps:
@@ -178,9 +182,13 @@ def main():
                                                   torch.profiler.ProfilerActivity.CUDA]) if profiled else None
 
     rows = workload(**WORKLOADS[args.arch]) if args.workload == "standard" else builtin_workload(2000, 0)
+    start = time.perf_counter()
     trainer, implementations = build_trainer(params, checkpoint, Dataset.from_list(rows), Path("/tmp/bench-out"),
                                              callbacks=[Clock()])
     inner = trainer.data_collator
+    if state.is_main_process:
+        print(f"# model loaded and trainer built in {time.perf_counter() - start:.0f}s", flush=True)
+    last[0] = time.perf_counter()
 
     def counting(features):
         batch = inner(features)
