@@ -25,7 +25,7 @@ esac
 echo "=== seed baseline, $RECIPE, 1 GPU ($(date +%T))"
 CUDA_VISIBLE_DEVICES=0 python3 "$SEED_BASELINE" --recipe "$RECIPE" --out "$RUNS/seed.jsonl" 2>&1 | grep '^{'
 
-for n in 1 $( [ "$GPUS" -ge 2 ] && echo "$GPUS"); do
+for n in ${BENCH_GPUS:-1 $( [ "$GPUS" -ge 2 ] && echo "$GPUS")}; do  # BENCH_GPUS="2": only that count
   read -r micro accum <<<"$(batch "$n")"
   echo "=== ours, $RECIPE, $n GPU(s), micro-batch $micro x grad accumulation $accum ($(date +%T))"
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) accelerate launch --num_processes "$n" --num_machines 1 \
@@ -33,7 +33,7 @@ for n in 1 $( [ "$GPUS" -ge 2 ] && echo "$GPUS"); do
     benchmarks/train_throughput.py --recipe "recipes/$RECIPE.yaml" --arch "$RECIPE" --checkpoint "/tmp/bench-$RECIPE" \
     --set "train.sft.per_device_train_batch_size=$micro" --set "train.sft.gradient_accumulation_steps=$accum" \
     --seed-result "$RUNS/seed.jsonl" --commit "$COMMIT" --label fast --out "$RESULTS" \
-    ${PROFILE:+--profile "$PROFILE-$RECIPE-${n}gpu.txt"} "$@" 2>&1 | grep -E '^\{|^#|^built|Error' || true
+    ${PROFILE:+--profile "$PROFILE-$RECIPE-${n}gpu.txt"} "$@" 2>&1 | grep --line-buffered -E '^\{|^#|^built|Error|^Thread|^  File|^Current' || true
 done
 echo "=== $RESULTS (last lines)"
 tail -n 3 "$RESULTS" | python3 -c "

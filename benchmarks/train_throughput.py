@@ -11,6 +11,7 @@ Prints one JSON line: tokens/s over all processes (non-padding tokens after warm
 GPU, MFU, the global batch and the implementations that ran.
 """
 import argparse
+import faulthandler
 import json
 import math
 import random
@@ -139,8 +140,12 @@ def main():
     parser.add_argument("--seed-result", help="the seed baseline's JSON lines from the same call: adds the ratio")
     parser.add_argument("--commit", default="", help="the project's git commit, recorded with the result")
     parser.add_argument("--out", help="append the JSON line to this file")
+    parser.add_argument("--stacks-every", type=int, metavar="S", help="print every thread's Python stack every S "
+                        "seconds (to find where a slow or stuck run spends its time)")
     args = parser.parse_args()
 
+    if args.stacks_every:
+        faulthandler.dump_traceback_later(args.stacks_every, repeat=True)
     from accelerate import PartialState
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -186,8 +191,8 @@ def main():
     trainer, implementations = build_trainer(params, checkpoint, Dataset.from_list(rows), Path("/tmp/bench-out"),
                                              callbacks=[Clock()])
     inner = trainer.data_collator
-    if state.is_main_process:
-        print(f"# model loaded and trainer built in {time.perf_counter() - start:.0f}s", flush=True)
+    print(f"# rank {state.process_index}: model loaded and trainer built in {time.perf_counter() - start:.0f}s",
+          flush=True)
     last[0] = time.perf_counter()
 
     def counting(features):
