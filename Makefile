@@ -25,13 +25,11 @@ repro: setup
 test: setup
 	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q tests
 
-# make recipe RECIPE=gpt-oss-20b: the recipe's params become params.yaml, then one DVC experiment of it.
-# SEED=1 runs it with the seed notebook's exact training settings (recipes/seed/<recipe>.yaml, as -S sets).
-SEED_SETS = $(if $(SEED),$(shell sed -n 's/^\([a-z0-9_.]*\): *\([^ #]*\).*/-S \1=\2/p' recipes/seed/$(RECIPE).yaml))
+# make recipe RECIPE=qwen2-0.5b: one DVC experiment of recipes/<RECIPE>.yaml, whose keys become `dvc exp run -S`
+# sets (params.yaml keeps every other value). RECIPE=seed/qwen2-0.5b: the seed notebook's exact settings.
+# EXP_ARGS="--queue" (or "--temp") is passed on to dvc exp run.
 recipe: setup
-	@test -f recipes/$(RECIPE).yaml || { echo "no recipes/$(RECIPE).yaml; have: $$(ls recipes)"; exit 1; }
-	cp recipes/$(RECIPE).yaml params.yaml
-	$(RUN) dvc exp run -n $(RECIPE)$(if $(SEED),-seed) $(SEED_SETS)
+	$(RUN) python -m lora_pipeline.recipes $(RECIPE) -- $(EXP_ARGS)
 
 # The experiments side by side: the params that differ and the metrics to decide on, sorted by the gate metric.
 exps: setup

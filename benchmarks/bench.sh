@@ -30,7 +30,7 @@ for n in ${BENCH_GPUS:-1 $( [ "$GPUS" -ge 2 ] && echo "$GPUS")}; do  # BENCH_GPU
   echo "=== ours, $RECIPE, $n GPU(s), micro-batch $micro x grad accumulation $accum ($(date +%T))"
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) accelerate launch --num_processes "$n" --num_machines 1 \
     $( [ "$n" -gt 1 ] && echo --multi_gpu ) --mixed_precision no --dynamo_backend no \
-    benchmarks/train_throughput.py --recipe "recipes/$RECIPE.yaml" --arch "$RECIPE" --checkpoint "/tmp/bench-$RECIPE" \
+    benchmarks/train_throughput.py --recipe "$RECIPE" --arch "$RECIPE" --checkpoint "/tmp/bench-$RECIPE" \
     --set "train.sft.per_device_train_batch_size=$micro" --set "train.sft.gradient_accumulation_steps=$accum" \
     --seed-result "$RUNS/seed.jsonl" --commit "$COMMIT" --label fast --out "$RESULTS" \
     ${PROFILE:+--profile "$PROFILE-$RECIPE-${n}gpu.txt"} "$@" 2>&1 | grep --line-buffered -E '^\{|^#|^built|Error|^Thread|^  File|^Current' || true

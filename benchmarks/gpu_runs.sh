@@ -24,7 +24,7 @@ case "${1:-parallel}" in
 ddp)
   for liger in on off; do
     step "(a) Qwen2-0.5B full size, recipe, Liger $liger, 2 processes"
-    $LAUNCH2 benchmarks/train_throughput.py --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b --liger $liger \
+    $LAUNCH2 benchmarks/train_throughput.py --recipe qwen2-0.5b --arch qwen2-0.5b --liger $liger \
       --checkpoint /tmp/qwen2-0.5b --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|Error|error" | tail -5
   done
   ;;
@@ -32,15 +32,15 @@ parallel)
   step "seed baseline, Qwen2-0.5B, 1 GPU"
   CUDA_VISIBLE_DEVICES=0 python3 "$SEED_BASELINE" --recipe qwen2-0.5b --out "$OUT/seed.jsonl" 2>&1 | tail -1
   step "(a) Qwen2-0.5B full size, recipe (Liger on), 1 process"
-  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/train_throughput.py --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b \
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/train_throughput.py --recipe qwen2-0.5b --arch qwen2-0.5b \
     --checkpoint /tmp/qwen2-0.5b --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|Error|error" | tail -5
   step "(a) Qwen2-0.5B full size, recipe, 2 processes, built-in conversations (loss must fall)"
-  $LAUNCH2 benchmarks/train_throughput.py --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b --workload builtin \
+  $LAUNCH2 benchmarks/train_throughput.py --recipe qwen2-0.5b --arch qwen2-0.5b --workload builtin \
     --steps 20 --checkpoint /tmp/qwen2-0.5b --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|Error|error" | tail -5
   step "(b) gpt-oss full width, 4 layers, MXFP4 checkpoint loaded with dequantize, 2 processes"
-  $LAUNCH2 benchmarks/train_throughput.py --recipe recipes/gpt-oss-20b.yaml --arch gpt-oss-20b --layers 4 \
+  $LAUNCH2 benchmarks/train_throughput.py --recipe gpt-oss-20b --arch gpt-oss-20b --layers 4 \
     --checkpoint /tmp/gpt-oss-4l --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|built|Error|error" | tail -5
-  $LAUNCH2 benchmarks/train_throughput.py --recipe recipes/gpt-oss-20b.yaml --arch gpt-oss-20b --layers 4 \
+  $LAUNCH2 benchmarks/train_throughput.py --recipe gpt-oss-20b --arch gpt-oss-20b --layers 4 \
     --workload builtin --steps 20 --checkpoint /tmp/gpt-oss-4l --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|Error|error" | tail -5
   step "the tiny default's stages on 2 GPUs: fetch, split, train (accelerate, 2 processes), merge, evaluate"
   python3 -m stages.fetch > "$OUT/tiny.log" 2>&1 && python3 -m stages.split >> "$OUT/tiny.log" 2>&1 \
@@ -53,7 +53,7 @@ gpt-oss-20b)
   step "seed baseline, gpt-oss-20b, 1 GPU"
   CUDA_VISIBLE_DEVICES=0 python3 "$SEED_BASELINE" --recipe gpt-oss-20b --out "$OUT/seed.jsonl" 2>&1 | tail -1
   step "(c) gpt-oss-20b full size: build MXFP4 checkpoint, load with dequantize, train, 1 GPU"
-  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/train_throughput.py --recipe recipes/gpt-oss-20b.yaml --arch gpt-oss-20b --steps 6 \
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/train_throughput.py --recipe gpt-oss-20b --arch gpt-oss-20b --steps 6 \
     --checkpoint /tmp/gpt-oss-20b --out "$OUT/ours.jsonl" 2>&1 | grep -E "^\{|built|Error|error" | tail -5
   ;;
 esac

@@ -6,7 +6,7 @@ levers, Liger, LoRA, SFTConfig), from the recipe file plus any `--set key=value`
 seed baseline's (../shared/bench/seed_baseline.py), so the two tokens/s figures compare as a ratio on one machine.
 
     accelerate launch --config_file configs/accelerate/multi_gpu_2.yaml benchmarks/train_throughput.py \
-        --recipe recipes/qwen2-0.5b.yaml --arch qwen2-0.5b --out ours.jsonl
+        --recipe qwen2-0.5b --arch qwen2-0.5b --out ours.jsonl
 Prints one JSON line: tokens/s over all processes (non-padding tokens after warm-up), step time, peak GiB per
 GPU, MFU, the global batch and the implementations that ran.
 """
@@ -24,6 +24,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lora_pipeline.params import StageParams, validate  # noqa: E402
+from lora_pipeline.recipes import compose  # noqa: E402
 from lora_pipeline.training import build_trainer  # noqa: E402
 
 # The seed baseline's standard workloads (same generator, same seeds).
@@ -124,10 +125,10 @@ def set_key(tree: dict, dotted: str, value: str) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", required=True, help="a recipes/*.yaml file")
+    parser.add_argument("--recipe", required=True, help="a recipe: recipes/<name>.yaml, e.g. qwen2-0.5b or "
+                        "seed/qwen2-0.5b (the seed's exact settings)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a params key, e.g. train.sft.per_device_train_batch_size=8")
-    parser.add_argument("--overrides", help="a YAML file of params overrides (e.g. recipes/seed/<recipe>.yaml)")
     parser.add_argument("--arch", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--layers", type=int, help="reduced depth (default: the real one)")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps after warm-up")
@@ -151,15 +152,14 @@ def main():
     from transformers import TrainerCallback
 
     state = PartialState()
-    raw = yaml.safe_load(Path(args.recipe).read_text())
-    overrides = yaml.safe_load(Path(args.overrides).read_text()) if args.overrides else {}
-    for key, value in [*overrides.items(), *(kv.split("=", 1) for kv in args.set)]:
-        set_key(raw, key, value if isinstance(value, str) else json.dumps(value))
+    raw = compose(args.recipe)
+    for key, value in (kv.split("=", 1) for kv in args.set):
+        set_key(raw, key, value)
     warm = WARM_STEPS[args.arch]
     raw["train"]["checkpoint_steps"] = 0
     profiled = 3 if args.profile else 0
     raw["train"]["sft"] |= {"max_steps": warm + args.steps + profiled, "logging_steps": 1, "num_train_epochs": 1}
-    params = StageParams(validate(raw, source=args.recipe), "benchmark", ["model", "train", "lora"])
+    params = StageParams(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark", ["model", "train", "lora"])
     checkpoint = Path(args.checkpoint)
     if state.is_main_process and not (checkpoint / "config.json").is_file():
         start = time.perf_counter()
@@ -214,7 +214,7 @@ def main():
         tokens_per_s = float(gathered[:, 0].sum() / gathered[:, 1].max())
         n_active = active_params(trainer.model)
         flops_per_gpu = 4 * n_active * tokens_per_s / state.num_processes  # LoRA: ~4 x active params per token
-        row = {"recipe": Path(args.recipe).stem, "label": args.label, "arch": args.arch,
+        row = {"recipe": args.recipe, "label": args.label, "arch": args.arch,
                "layers": args.layers or "full", "gpus": state.num_processes, "workload": args.workload,
                "tokens_per_s": round(tokens_per_s),
                "step_s": round(float(gathered[:, 1].max()) / args.steps, 3),
@@ -223,7 +223,7 @@ def main():
                "global_batch": sft.per_device_train_batch_size * sft.gradient_accumulation_steps * state.num_processes,
                "micro_batch": sft.per_device_train_batch_size, "grad_accum": sft.gradient_accumulation_steps,
                "max_length": raw["train"]["sft"]["max_length"], "dtype": raw["model"]["dtype"],
-               "implementations": implementations, "overrides": args.set + sorted(overrides),
+               "implementations": implementations, "overrides": args.set,
                "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
                "commit": args.commit}

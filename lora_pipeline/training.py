@@ -67,6 +67,11 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
             if isinstance(module, BaseTunerLayer):
                 module.cast_input_dtype_enabled = False
         levers["lora_input_cast"] = False
+    if model.config._attn_implementation == "flex_attention" and trainer.accelerator.num_processes > 1:
+        # DDP's graph splitter (DDPOptimizer) gets in the way of compiling flex attention's block mask (pytorch
+        # #137481): with it, gpt-oss-20b on 2 GPUs compiled for over 4 minutes without finishing a step. The
+        # compiled mask and attention hold no parameters, so there are no gradient buckets to split them by.
+        torch._dynamo.config.optimize_ddp = False
     record = {"attention": model.config._attn_implementation,
               "experts": getattr(model.config, "_experts_implementation", None), "liger": liger, **levers}
     log.warning("training with %s", record)
