@@ -81,6 +81,17 @@ def quantization_config(quantization, dtype: str):
     return None
 
 
+_logged: set[str] = set()
+
+
+def _once(record: logging.LogRecord) -> bool:
+    """A logging filter that lets each message through the first time only."""
+    message = record.getMessage()
+    new = message not in _logged
+    _logged.add(message)
+    return new
+
+
 def load_model(path: str | Path, model_params, quantization=None, revision: str | None = None, **kwargs):
     """A model as every stage (and the registered model) loads it: model.dtype, the attention and experts
     implementations this machine runs, and the weights as `quantization` says.
@@ -110,6 +121,8 @@ def load_model(path: str | Path, model_params, quantization=None, revision: str 
     load_kwargs["quantization_config"] = quantization_config(quantization, model_params.dtype)
     if quantization.method in BITSANDBYTES:
         load_kwargs["device_map"] = {"": device()}  # bitsandbytes quantizes on the device the model runs on
+        # int8 inference logs that its inputs go to float16 on every matmul: once is enough
+        logging.getLogger("bitsandbytes.autograd._functions").addFilter(_once)
     load_kwargs.update(kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, revision=revision, **load_kwargs)
     if quantization.method == "mxfp4-dequantize" and getattr(model, "hf_quantizer", None) is not None:
