@@ -159,7 +159,7 @@ def main():
     raw["train"]["checkpoint_steps"] = 0
     profiled = 3 if args.profile else 0
     raw["train"]["sft"] |= {"max_steps": warm + args.steps + profiled, "logging_steps": 1, "num_train_epochs": 1}
-    params = StageParams(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark", ["model", "train", "lora"])
+    params = StageParams(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark", ["model", "quantization", "train", "lora"])
     checkpoint = Path(args.checkpoint)
     if state.is_main_process and not (checkpoint / "config.json").is_file():
         start = time.perf_counter()

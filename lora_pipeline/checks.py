@@ -33,6 +33,7 @@ def validate_all(raw: dict, root: Path = ROOT) -> StageParams:
         lambda: check_scheduler(view.train),
         lambda: check_machine(view.model, view.train),
         lambda: check_base_model(view.model, view.lora, root),
+        lambda: check_quantization(view.model, view.quantization, view.train, root),
         lambda: check_eval(view.eval),
         lambda: check_register(view.register),
         lambda: check_gate_metric(view.register, view.eval),
@@ -152,16 +153,13 @@ def matches(names: list[str], key: str) -> bool:
 
 
 def check_base_model(model, lora, root: Path = ROOT) -> None:
-    """Settings that the base model's architecture rules out: MXFP4 and experts on a model without them, LoRA
-    targets that name nothing in it."""
+    """Settings that the base model's architecture rules out: experts on a model without them, LoRA targets that
+    name nothing in it."""
     layout = base_model_layout(model, root)
     if layout is None:
         return  # a Hub model not fetched yet: fetch and train check these against the real weights
     problems = []
     arch = f"the base model ({layout.model_type})"
-    if model.mxfp4_dequantize and layout.model_type != "gpt_oss":
-        problems.append(f"model.mxfp4_dequantize: true, but {arch} is not gpt-oss, whose MXFP4 experts it "
-                        "dequantizes; allowed: false")
     if model.experts_implementation != "eager" and not layout.has_experts:
         problems.append(f"model.experts_implementation: {model.experts_implementation}, but {arch} has no MoE "
                         "experts; allowed: eager")
@@ -182,6 +180,69 @@ def check_base_model(model, lora, root: Path = ROOT) -> None:
                         f"parameters such as {module_kinds(layout.parameters, parameters=True)}")
     if problems:
         raise ValueError("\n".join(problems))
+
+
+UNKNOWN = "unknown"
+# Multi-process setups that shard each weight across processes: a bitsandbytes-quantized base is not sharded here.
+SHARDED = {"FSDP", "DEEPSPEED"}
+
+
+def base_stored_quantization(model, root: Path = ROOT) -> str | None:
+    """The quant_method of the weights the base checkpoint stores (mxfp4 for gpt-oss), None for plain weights;
+    UNKNOWN for a Hub model not fetched yet."""
+    from lora_pipeline.modeling import stored_quantization
+
+    if model.source in TINY_MODEL_TYPES:  # fetch writes tiny-gpt-oss in MXFP4, as openai/gpt-oss-20b ships
+        return "mxfp4" if model.source == "tiny-gpt-oss" else None
+    config = base_model_config(model, root)
+    return UNKNOWN if config is None else stored_quantization(config)
+
+
+def check_quantization(model, quantization, train, root: Path = ROOT) -> None:
+    """quantization choices that the base model, the other params or this machine rule out."""
+    from lora_pipeline.modeling import BITSANDBYTES, method_problem
+
+    method, compute, problems = quantization.method, quantization.compute_dtype, []
+    stored = base_stored_quantization(model, root)
+    if stored != UNKNOWN and (problem := method_problem(method, stored)):
+        problems.append(f"quantization.method: {problem}")
+    if method in BITSANDBYTES:
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            problems.append(f"quantization.method: {method} needs the bitsandbytes package, which is not installed "
+                            "(pip install -r requirements.txt); allowed here: none, mxfp4-dequantize")
+        config = root / "configs" / "accelerate" / f"{train.accelerate_config}.yaml"
+        distributed = (yaml.safe_load(config.read_text()) or {}).get("distributed_type") if config.is_file() else None
+        if distributed in SHARDED:
+            problems.append(f"quantization.method: {method} with train.accelerate_config {train.accelerate_config} "
+                            f"({distributed}): the bitsandbytes-quantized base is not sharded across processes here "
+                            "(FSDP-QLoRA needs bnb_4bit_quant_storage and per-framework setup that the train stage "
+                            "does not do); allowed: none, or a config with one replica per process (cpu, cpu_ddp, "
+                            "single_gpu, multi_gpu, ...)")
+    if compute != "auto" and (problem := compute_dtype_problem(method, compute, model.dtype, train.sft)):
+        problems.append(f"quantization.compute_dtype: {compute}{problem}")
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+def compute_dtype_problem(method: str, compute: str, dtype: str, sft) -> str | None:
+    """Why an explicit quantization.compute_dtype makes no sense with these params on this machine, or None."""
+    import torch
+
+    if method != "nf4":
+        return f" applies to method nf4 only (got method {method}); allowed: auto"
+    if sft.bf16 or sft.fp16:
+        flag, autocast = ("bf16", "bfloat16") if sft.bf16 else ("fp16", "float16")
+        if compute != autocast:
+            return (f", but train.sft.{flag} runs the 4-bit layers' matmuls in {autocast} whatever it says; "
+                    f"allowed: auto, {autocast}")
+    elif compute == "float16" and dtype == "bfloat16":
+        return (" for a bfloat16 model (model.dtype): activations beyond float16's range (65504) overflow; allowed: "
+                "auto, bfloat16, float32")
+    if compute == "bfloat16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        return f", but this GPU ({torch.cuda.get_device_name()}) has no bfloat16; allowed here: auto, float16, float32"
+    return None
 
 
 def module_kinds(names: list[str], parameters: bool = False) -> list[str]:

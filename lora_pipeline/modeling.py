@@ -1,9 +1,9 @@
-"""Loading base and fine-tuned models the same way in every stage, LoRA config, and Liger kernels."""
+"""The one model loader (every stage and the registered model), quantization, LoRA config, and Liger kernels."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -25,14 +25,13 @@ def load_tokenizer(path: str | Path, padding_side: str = "right"):
     return tokenizer
 
 
-def runnable_implementations(path: str | Path, model_params) -> dict:
-    """The attention and experts implementations this machine runs for the checkpoint at `path`, and why any
+def runnable_implementations(model_type: str, model_params) -> dict:
+    """The attention and experts implementations this machine runs for a model of `model_type`, and why any
     differs from what model.attn_implementation / model.experts_implementation ask for.
 
     Flex attention (the fast path for gpt-oss's attention sinks and for padding-free batches) and flash
     attention need a GPU; gpt-oss has no sdpa path (its sinks), so eager stands in for it.
     """
-    model_type = json.loads((Path(path) / "config.json").read_text())["model_type"]
     attention, experts, notes = model_params.attn_implementation, model_params.experts_implementation, []
     if attention in ("flex_attention", "flash_attention_2") and not torch.cuda.is_available():
         notes.append(f"{attention} needs a CUDA GPU")
@@ -43,26 +42,92 @@ def runnable_implementations(path: str | Path, model_params) -> dict:
     return {"attention": attention, "experts": experts, "notes": notes}
 
 
-def load_model(path: str | Path, model_params, quantized: bool | None = None, **kwargs):
-    """The base (or merged) model as every stage loads it: dtype, attention and experts implementations, and
-    MXFP4 dequantization.
+BITSANDBYTES = ("nf4", "int8")  # quantization.method values that freeze the base in 4/8 bits (QLoRA)
 
-    `quantized` defaults to model.mxfp4_dequantize; a merged model is saved dequantized and passes False.
-    trust_remote_code stays off: only architectures that transformers ships are loaded.
+
+def stored_quantization(config) -> str | None:
+    """The quant_method a checkpoint's config.json declares (e.g. mxfp4 for openai/gpt-oss-20b), None for plain
+    weights."""
+    declared = getattr(config, "quantization_config", None)
+    if declared is None:
+        return None
+    method = declared.get("quant_method") if isinstance(declared, dict) else getattr(declared, "quant_method", None)
+    return str(getattr(method, "value", method))
+
+
+def method_problem(method: str, stored: str | None) -> str | None:
+    """Why quantization.method cannot load a checkpoint that stores `stored` weights, or None if it can."""
+    if method == "mxfp4-dequantize" and stored != "mxfp4":
+        return ("mxfp4-dequantize, but the base model has no MXFP4 weights (its config.json declares no mxfp4 "
+                "quantization_config); allowed: none, nf4, int8")
+    if stored == "mxfp4" and method != "mxfp4-dequantize":
+        return (f"{method}, but the base model stores MXFP4 weights, which load here only dequantized to 16 bits "
+                "(they are not trainable, and MXFP4 compute needs a kernel from the Hub); allowed: mxfp4-dequantize")
+    return None
+
+
+def quantization_config(quantization, dtype: str):
+    """The transformers quantization config for quantization.method (None: load the weights as they are)."""
+    from transformers import BitsAndBytesConfig, Mxfp4Config
+
+    if quantization.method == "mxfp4-dequantize":
+        return Mxfp4Config(dequantize=True)
+    if quantization.method == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    if quantization.method == "nf4":
+        compute = dtype if quantization.compute_dtype == "auto" else quantization.compute_dtype
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=DTYPES[compute],
+                                  bnb_4bit_use_double_quant=quantization.double_quant)
+    return None
+
+
+_logged: set[str] = set()
+
+
+def _once(record: logging.LogRecord) -> bool:
+    """A logging filter that lets each message through the first time only."""
+    message = record.getMessage()
+    new = message not in _logged
+    _logged.add(message)
+    return new
+
+
+def load_model(path: str | Path, model_params, quantization=None, revision: str | None = None, **kwargs):
+    """A model as every stage (and the registered model) loads it: model.dtype, the attention and experts
+    implementations this machine runs, and the weights as `quantization` says.
+
+    `quantization`: the `quantization` params, for the base model as it is trained (and evaluated "before"):
+    none, mxfp4-dequantize, or nf4/int8 (bitsandbytes; the model is placed on its device while loading). None: full
+    precision, as the merge and a merged model need, whatever was trained: a checkpoint whose config.json declares
+    MXFP4 loads dequantized, any other as stored. trust_remote_code stays off: only architectures that
+    transformers ships are loaded.
     """
-    chosen = runnable_implementations(path, model_params)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, revision=revision)
+    stored = stored_quantization(config)
+    if quantization is None:
+        quantization = SimpleNamespace(method="mxfp4-dequantize" if stored == "mxfp4" else "none")
+    problem = method_problem(quantization.method, stored)
+    if problem:
+        raise ValueError(f"quantization.method: {problem} ({path})")
+    chosen = runnable_implementations(config.model_type, model_params)
     if chosen["notes"]:
         log.warning("running attention %s, experts %s: %s", chosen["attention"], chosen["experts"],
                     "; ".join(chosen["notes"]))
     load_kwargs = dict(dtype=DTYPES[model_params.dtype], attn_implementation=chosen["attention"])
     if chosen["experts"] != "eager":  # only MoE models take it
         load_kwargs["experts_implementation"] = chosen["experts"]
-    if model_params.mxfp4_dequantize if quantized is None else quantized:
-        from transformers import Mxfp4Config
-
-        load_kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+    load_kwargs["quantization_config"] = quantization_config(quantization, model_params.dtype)
+    if quantization.method in BITSANDBYTES:
+        load_kwargs["device_map"] = {"": device()}  # bitsandbytes quantizes on the device the model runs on
+        # int8 inference logs that its inputs go to float16 on every matmul: once is enough
+        logging.getLogger("bitsandbytes.autograd._functions").addFilter(_once)
     load_kwargs.update(kwargs)
-    return AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, revision=revision, **load_kwargs)
+    if quantization.method == "mxfp4-dequantize" and getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)  # plain 16-bit weights: trained and saved as such
+    return model
 
 
 def training_device_map():

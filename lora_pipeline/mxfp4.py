@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -18,7 +17,6 @@ __all__ = [
     "dequantize_mxfp4",
     "save_mxfp4_checkpoint",
     "build_tiny_gpt_oss",
-    "load_mxfp4_dequantized",
 ]
 
 # e2m1 code -> value; code bit 3 is the sign. Same table (and order) as transformers.integrations.mxfp4.FP4_VALUES.
@@ -293,18 +291,3 @@ def tiny_gpt_oss(
     torch.manual_seed(seed)
     return GptOssForCausalLM(config).to(torch.bfloat16).eval()
 
-
-def load_mxfp4_dequantized(path, **kwargs):
-    """Load an MXFP4 gpt-oss checkpoint dequantized to bf16 — the same load as for the real openai/gpt-oss-20b.
-
-    AutoModelForCausalLM.from_pretrained(path, quantization_config=Mxfp4Config(dequantize=True),
-    dtype=torch.bfloat16, **kwargs).
-
-    `dtype` and `quantization_config` in kwargs override the defaults. On CPU transformers 5.24 picks the "eager"
-    attention for gpt-oss by itself (it does not support sdpa), so no attn_implementation is needed.
-    """
-    from transformers import AutoModelForCausalLM, Mxfp4Config
-
-    kwargs.setdefault("quantization_config", Mxfp4Config(dequantize=True))
-    kwargs.setdefault("dtype", torch.bfloat16)
-    return AutoModelForCausalLM.from_pretrained(os.fspath(path), **kwargs)

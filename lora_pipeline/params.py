@@ -85,12 +85,18 @@ class Model(_Section):
     dtype: Literal["float32", "bfloat16", "float16"]
     attn_implementation: Literal["eager", "sdpa", "flex_attention", "flash_attention_2"]
     experts_implementation: Literal["eager", "grouped_mm", "batched_mm"]  # MoE experts (gpt-oss)
-    mxfp4_dequantize: bool  # load with Mxfp4Config(dequantize=True), as gpt-oss needs
     tiny: TinyModel
 
     @model_validator(mode="after")
     def _name_when_needed(self):
         return _require_name(self)
+
+
+class Quantization(_Section):
+    """How the base model is loaded to be trained: as stored, MXFP4 experts dequantized, or frozen in 4/8 bits."""
+    method: Literal["none", "mxfp4-dequantize", "nf4", "int8"]
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"]  # nf4 only; auto: model.dtype
+    double_quant: bool  # nf4 only
 
 
 class Split(_Section):
@@ -215,6 +221,7 @@ warnings.filterwarnings("ignore", message='Field name "register"', category=User
 class Params(_Section):
     data: Data
     model: Model
+    quantization: Quantization
     split: Split
     train: Train
     lora: Lora

@@ -134,6 +134,7 @@ def describe(run_params: dict, metrics: dict, commit: str) -> str:
 
     figures = {k: f"{v:.4g}" for k, v in metrics.items()}
     return "\n".join([f"Base model: {origin('model')}", f"Data: {origin('data')}",
+                      f"Quantization: {listing('quantization.', run_params)}",
                       f"LoRA: {listing('lora.', run_params)}", f"Training: {listing('train.', run_params)}",
                       f"Evaluation: {listing('eval.', figures)}", f"Git commit: {commit}"])
 
@@ -192,6 +193,8 @@ def champion_decision(client: MlflowClient, model_name: str, metric: str, value:
             "reason": f"{metric} {value:.4g} {verdict} champion v{champion.version}'s {current}"}
 
 
+# The model params the registered model is loaded with (lora_pipeline.modeling.load_model).
+LOAD_KEYS = ("dtype", "attn_implementation", "experts_implementation")
 # Generation params a caller may pass to predict (params=...): greedy, hence deterministic, unless do_sample.
 GENERATION_DEFAULTS = {"max_new_tokens": 256, "do_sample": False, "temperature": 1.0, "top_p": 1.0}
 
@@ -202,22 +205,23 @@ class ChatModel(mlflow.pyfunc.PythonModel):
     reasoning and its final answer."""
 
     def load_context(self, context):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from types import SimpleNamespace
+
+        from transformers import AutoTokenizer
+
+        from lora_pipeline.modeling import load_model
 
         config = context.model_config
-        kwargs = {"dtype": config.get("dtype", "auto")}
-        if config.get("mxfp4_dequantize"):
-            from transformers import Mxfp4Config
-
-            kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+        options = SimpleNamespace(**{key: config[key] for key in LOAD_KEYS})
         if "model" in context.artifacts:
             self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["model"])
-            self.model = AutoModelForCausalLM.from_pretrained(context.artifacts["model"], **kwargs).eval()
+            self.model = load_model(context.artifacts["model"], options).eval()
             return
         from peft import PeftModel
 
+        # The base in full precision (MXFP4 experts dequantized), as the merge uses it, whatever it was trained in.
         self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["adapter"])
-        model = AutoModelForCausalLM.from_pretrained(config["base"], revision=config.get("revision") or None, **kwargs)
+        model = load_model(config["base"], options, revision=config.get("revision") or None)
         self.model = PeftModel.from_pretrained(model, context.artifacts["adapter"]).eval()
 
     # The DataFrame hint (the signature turns a list of prompts into one) also spares MLflow's type-hint warning.
@@ -263,14 +267,19 @@ def _log_chat_model(artifacts: dict, config: dict):
                                    code_paths=[str(Path(__file__).parent)])
 
 
-def log_merged_model(model_dir: Path, model_params):
+def _load_config(model_params, quantization) -> dict:
+    """How the registered model loads, and the quantization its adapter was trained with (a record only)."""
+    return {**{key: getattr(model_params, key) for key in LOAD_KEYS}, "trained_quantization": quantization.method}
+
+
+def log_merged_model(model_dir: Path, model_params, quantization):
     """The merged model, its weights copied into the run."""
-    return _log_chat_model({"model": str(model_dir)}, {"dtype": model_params.dtype})
+    return _log_chat_model({"model": str(model_dir)}, _load_config(model_params, quantization))
 
 
-def log_adapter_model(adapter_dir: Path, model_params):
+def log_adapter_model(adapter_dir: Path, model_params, quantization):
     """Only the adapter, with a reference to its base (a Hub id and revision, or a local folder)."""
     base = model_params.name if model_params.source == "hub" else str(Path("models/base").resolve())
     config = {"base": base, "revision": model_params.revision if model_params.source == "hub" else "",
-              "dtype": model_params.dtype, "mxfp4_dequantize": model_params.mxfp4_dequantize}
+              **_load_config(model_params, quantization)}
     return _log_chat_model({"adapter": str(adapter_dir)}, config)

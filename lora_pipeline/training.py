@@ -10,7 +10,8 @@ import torch
 from transformers import TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
-from lora_pipeline.modeling import apply_liger, load_model, load_tokenizer, lora_config, training_device_map
+from lora_pipeline.modeling import (BITSANDBYTES, apply_liger, load_model, load_tokenizer, lora_config,
+                                   training_device_map)
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +49,17 @@ def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTCon
 
 
 def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=()) -> tuple[SFTTrainer, dict]:
-    """SFTTrainer for the `model`, `train` and `lora` params, and a record of the implementations that run."""
+    """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs."""
     args, levers = sft_args(params.train.sft.to_dict(), output_dir, params.train.checkpoint_steps)
     tokenizer = load_tokenizer(base)
-    model = load_model(base, params.model, device_map=training_device_map())
+    model = load_model(base, params.model, params.quantization, device_map=training_device_map())
     model.config.use_cache = False
+    quantized = sum(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules())
+    if params.quantization.method in BITSANDBYTES:  # QLoRA: the 4/8-bit base frozen, its other weights in float32
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing,
+                                                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
     liger = apply_liger(model, params.train.liger)
     trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
                          peft_config=lora_config(params.lora), callbacks=list(callbacks))
@@ -72,7 +79,8 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
         # #137481): with it, gpt-oss-20b on 2 GPUs compiled for over 4 minutes without finishing a step. The
         # compiled mask and attention hold no parameters, so there are no gradient buckets to split them by.
         torch._dynamo.config.optimize_ddp = False
-    record = {"attention": model.config._attn_implementation,
+    record = {"quantization": params.quantization.method, "quantized_layers": quantized,
+              "attention": model.config._attn_implementation,
               "experts": getattr(model.config, "_experts_implementation", None), "liger": liger, **levers}
     log.warning("training with %s", record)
     return trainer, record

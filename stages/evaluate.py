@@ -89,7 +89,8 @@ models = {"finetuned": MERGED} | ({"base": BASE} if ev.include_base else {})
 results, transcripts = {}, []
 for name, path in models.items():
     tokenizer = load_tokenizer(path)
-    model = load_model(path, params.model, quantized=None if name == "base" else False).to(device()).eval()
+    # The base as it was trained (quantization params); the merged model in full precision, as saved.
+    model = load_model(path, params.model, params.quantization if name == "base" else None).to(device()).eval()
     torch.manual_seed(0)
     metrics, records = evaluate(model, tokenizer)
     results[name] = metrics

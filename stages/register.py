@@ -28,9 +28,10 @@ SPEED = Path("logs/train_speed.json")  # timings of the train stage: logged when
 OUT = Path("models/registered.json")
 
 
-def log_run(client, reg, model_params, metrics, md5s, run_params, pipeline_md5, model_dir):
+def log_run(client, params, metrics, md5s, run_params, pipeline_md5, model_dir):
     """A new run for this pipeline run; registers the model unless a finished run already did. -> (run id, version,
     gate decision)"""
+    reg = params.register
     model_md5 = md5s.get(model_dir, "")
     tags = {"git_commit": registry.git_commit(ROOT), "dvc_exp_name": os.environ.get("DVC_EXP_NAME", "workspace"),
             "model_md5": model_md5, "pipeline_md5": pipeline_md5, **{f"md5.{path}": md5 for path, md5 in md5s.items()}}
@@ -53,9 +54,9 @@ def log_run(client, reg, model_params, metrics, md5s, run_params, pipeline_md5, 
     else:  # a new model, or one whose registration was interrupted before its aliases were set
         if version is None:
             if reg.log_mode == "merged":
-                info = registry.log_merged_model(Path(model_dir), model_params)
+                info = registry.log_merged_model(Path(model_dir), params.model, params.quantization)
             else:
-                info = registry.log_adapter_model(Path(model_dir), model_params)
+                info = registry.log_adapter_model(Path(model_dir), params.model, params.quantization)
             version = mlflow.register_model(info.model_uri, reg.model_name, tags={"model_md5": model_md5})
         client.update_model_version(reg.model_name, version.version,
                                     registry.describe(run_params, metrics, tags["git_commit"]))
@@ -73,7 +74,7 @@ def log_run(client, reg, model_params, metrics, md5s, run_params, pipeline_md5, 
 
 def main():
     params = load_params("register")
-    reg, model_params = params.register, params.model
+    reg = params.register
     metrics = {f"{stage}.{key}": value for stage, path in METRICS.items()
                for key, value in flat_keys(json.loads(path.read_text())).items() if isinstance(value, (int, float))}
     if reg.gate_metric not in metrics:
@@ -95,8 +96,7 @@ def main():
             version = client.get_model_version(reg.model_name, tags["registered_version"])
             decision = {"promote": tags.get("gate.decision") == "champion", "reason": tags.get("gate.reason")}
         else:
-            run_id, version, decision = log_run(client, reg, model_params, metrics, md5s, run_params, pipeline_md5,
-                                                model_dir)
+            run_id, version, decision = log_run(client, params, metrics, md5s, run_params, pipeline_md5, model_dir)
             print(f"logged run {run_id}; {reg.model_name} v{version.version}: {decision['reason']}")
         aliases = client.get_model_version(reg.model_name, version.version).aliases
     except Exception as exc:

@@ -43,7 +43,7 @@ def case(changes: dict, key: str, value: str, *marks):
 
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
-GPT_OSS = {"model.source": "tiny-gpt-oss", "lora.lora_dropout": 0.0}
+GPT_OSS = {"model.source": "tiny-gpt-oss", "quantization.method": "mxfp4-dequantize", "lora.lora_dropout": 0.0}
 
 BAD = [
     # schema: missing, wrong type, out of range, unknown keys
@@ -87,7 +87,6 @@ BAD = [
     case({"eval.languages": ["en", "xx"]}, "eval.languages", "unknown codes ['xx']"),
     case({"eval.mgsm.path": "hub", "eval.mgsm.languages": ["de", "yy"]}, "eval.mgsm.languages", "['yy']"),
     # the base model's architecture
-    case({"model.mxfp4_dequantize": True}, "model.mxfp4_dequantize", "(qwen2) is not gpt-oss"),
     case({"model.experts_implementation": "grouped_mm"}, "model.experts_implementation", "grouped_mm"),
     case({"lora.target_modules": ["q_proj", "qkv_proj"]}, "lora.target_modules", "['qkv_proj']"),
     case({"lora.target_modules": r".*\.c_attn"}, "lora.target_modules", r"'.*\.c_attn'"),
@@ -97,6 +96,21 @@ BAD = [
          "['mlp.experts.up_proj']"),
     case({**GPT_OSS, "lora.target_modules": ["gate_proj"]}, "lora.target_modules", "['gate_proj']"),
     case({**GPT_OSS, "model.tiny.hidden_size": 48}, "model.tiny.hidden_size", "48 is not a multiple of 32"),
+    # quantization against the base model, the other params and this machine
+    case({"quantization.method": "fp8"}, "quantization.method", "'fp8'"),
+    case({"quantization.compute_dtype": "int4"}, "quantization.compute_dtype", "'int4'"),
+    case({"quantization.method": "mxfp4-dequantize"}, "quantization.method", "has no MXFP4 weights"),
+    case({**GPT_OSS, "quantization.method": "none"}, "quantization.method", "none, but the base model stores MXFP4"),
+    case({**GPT_OSS, "quantization.method": "nf4"}, "quantization.method", "nf4, but the base model stores MXFP4"),
+    case({"quantization.method": "nf4", "train.accelerate_config": "fsdp2"}, "quantization.method", "fsdp2 (FSDP)"),
+    case({"quantization.method": "int8", "train.accelerate_config": "deepspeed_zero3"}, "quantization.method",
+         "deepspeed_zero3 (DEEPSPEED)"),
+    case({"quantization.method": "int8", "quantization.compute_dtype": "bfloat16"}, "quantization.compute_dtype",
+         "applies to method nf4 only (got method int8)"),
+    case({"quantization.method": "nf4", "quantization.compute_dtype": "float16", "model.dtype": "bfloat16"},
+         "quantization.compute_dtype", "float16 for a bfloat16 model"),
+    case({"quantization.method": "nf4", "quantization.compute_dtype": "float32", "train.sft.bf16": True},
+         "quantization.compute_dtype", "runs the 4-bit layers' matmuls in bfloat16"),
     # metrics the gate can read
     case({"register.gate_metric": "compliance.overall"}, "register.gate_metric", "'compliance.overall'"),
     case({"register.gate_metric": "eval.compliance.ja"}, "register.gate_metric", "'eval.compliance.ja'"),
@@ -126,9 +140,9 @@ def test_at_least_25_distinct_keys_are_covered():
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ParamsError) as refused:
-        validate_all(shipped(**{"eval.languages": ["xx"], "model.mxfp4_dequantize": True,
+        validate_all(shipped(**{"eval.languages": ["xx"], "quantization.method": "mxfp4-dequantize",
                                 "train.sft.lr_scheduler_type": "cosinus"}))
-    for key in ("eval.languages", "model.mxfp4_dequantize", "train.sft.lr_scheduler_type"):
+    for key in ("eval.languages", "quantization.method", "train.sft.lr_scheduler_type"):
         assert key in str(refused.value)
 
 
@@ -142,10 +156,12 @@ def test_every_problem_is_reported_at_once():
     {"lora.target_modules": ["q_proj", "self_attn.v_proj", "down_proj"]},
     {"lora.target_modules": r".*\.(q|v)_proj"},
     {"lora.use_rslora": True, "train.sft.max_grad_norm": 0.5, "train.sft.lr_scheduler_type": "constant"},
-    {**GPT_OSS, "model.mxfp4_dequantize": True, "model.experts_implementation": "grouped_mm",
+    {**GPT_OSS, "model.experts_implementation": "grouped_mm",
      "lora.target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
+    {"quantization.method": "nf4", "quantization.compute_dtype": "bfloat16", "quantization.double_quant": False},
+    {"quantization.method": "int8", "train.accelerate_config": "cpu_ddp"},
     # a Hub model not fetched yet: its architecture is unknown, so checked only once fetch has it
-    {"model.source": "hub", "model.name": "org/model", "model.mxfp4_dequantize": True},
+    {"model.source": "hub", "model.name": "org/model", "quantization.method": "mxfp4-dequantize"},
 ], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items()) or "shipped")
 def test_good_params_pass(changes):
     assert validate_all(shipped(**changes)).lora.r >= 1
@@ -154,10 +170,27 @@ def test_good_params_pass(changes):
 def test_local_model_is_checked_against_its_config(tmp_path):
     from transformers import AutoConfig
 
-    AutoConfig.for_model("qwen2", num_hidden_layers=1).save_pretrained(tmp_path)
-    validate_all(shipped(**{"model.source": "local", "model.name": str(tmp_path)}))
-    with pytest.raises(ParamsError, match=r"model\.mxfp4_dequantize: true, but the base model \(qwen2\)"):
-        validate_all(shipped(**{"model.source": "local", "model.name": str(tmp_path), "model.mxfp4_dequantize": True}))
+    AutoConfig.for_model("qwen2", num_hidden_layers=1).save_pretrained(tmp_path / "qwen2")
+    local = {"model.source": "local", "model.name": str(tmp_path / "qwen2")}
+    validate_all(shipped(**local))
+    with pytest.raises(ParamsError, match=r"quantization\.method: mxfp4-dequantize, but the base model has no MXFP4"):
+        validate_all(shipped(**local, **{"quantization.method": "mxfp4-dequantize"}))
+    # a gpt-oss checkpoint whose config.json declares MXFP4, as openai/gpt-oss-20b's does
+    config = AutoConfig.for_model("gpt_oss", num_hidden_layers=1, hidden_size=64, intermediate_size=64,
+                                  num_attention_heads=4, num_key_value_heads=2, num_local_experts=4)
+    config.quantization_config = {"quant_method": "mxfp4"}
+    config.save_pretrained(tmp_path / "gpt-oss")
+    local = {"model.source": "local", "model.name": str(tmp_path / "gpt-oss"), "lora.lora_dropout": 0.0}
+    validate_all(shipped(**local, **{"quantization.method": "mxfp4-dequantize"}))
+    with pytest.raises(ParamsError, match=r"quantization\.method: int8, but the base model stores MXFP4 weights"):
+        validate_all(shipped(**local, **{"quantization.method": "int8"}))
+
+
+def test_bitsandbytes_missing_is_refused(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # what `import bitsandbytes` meets without the package
+    with pytest.raises(ParamsError, match=r"quantization\.method: nf4 needs the bitsandbytes package"):
+        validate_all(shipped(**{"quantization.method": "nf4"}))
+    validate_all(shipped())  # not needed unless asked for
 
 
 def test_validate_stage_exits_naming_the_key(tmp_path):

@@ -1,21 +1,29 @@
 """Tests of lora_pipeline.mxfp4: MXFP4 codec, tiny gpt-oss checkpoints, dequantized loading and LoRA training."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from lora_pipeline.modeling import load_model
 from lora_pipeline.mxfp4 import (
     FP4_VALUES,
     build_tiny_gpt_oss,
     dequantize_mxfp4,
-    load_mxfp4_dequantized,
     quantize_mxfp4,
     save_mxfp4_checkpoint,
 )
 
 VOCAB = 96
+# As the recipe loads openai/gpt-oss-20b: bf16, MXFP4 experts dequantized (the pipeline's one loader).
+BF16 = SimpleNamespace(dtype="bfloat16", attn_implementation="sdpa", experts_implementation="eager")
+DEQUANTIZE = SimpleNamespace(method="mxfp4-dequantize")
+
+
+def load_mxfp4_dequantized(path):
+    return load_model(path, BF16, DEQUANTIZE)
 EXPERT_PARAMS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
@@ -158,7 +166,8 @@ def test_tiny_checkpoint_layout(tiny_dir):
 def test_dequantized_load_matches_checkpoint_and_runs(tiny_dir, tmp_path):
     sd = load_file(tiny_dir / "model.safetensors")
     model = load_mxfp4_dequantized(tiny_dir)
-    assert model.config._attn_implementation == "eager"  # chosen by transformers: gpt-oss has no sdpa
+    assert model.config._attn_implementation == "eager"  # gpt-oss has no sdpa
+    assert "quantization_config" not in model.config.to_dict()  # plain 16-bit weights now
     params = dict(model.named_parameters())
     for name, p in params.items():
         if name.endswith(EXPERT_PARAMS):
