@@ -13,10 +13,14 @@ Prints one JSON line per method and a table; --out gets the list of them.
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun: one GPU, as Trainer would otherwise
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")  # wrap the model in nn.DataParallel, which SFTTrainer refuses
 
 import torch
 import yaml

@@ -13,11 +13,15 @@ GPU, MFU, the global batch and the implementations that ran.
 import argparse
 import faulthandler
 import json
+import os
 import math
 import random
 import sys
 import time
 from pathlib import Path
+
+if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun: one GPU, as Trainer would otherwise
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")  # wrap the model in nn.DataParallel, which SFTTrainer refuses
 
 import torch
 import yaml
