@@ -17,8 +17,8 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_tokenizer(path: str | Path, padding_side: str = "right"):
-    tokenizer = AutoTokenizer.from_pretrained(path)
+def load_tokenizer(path: str | Path, padding_side: str = "right", trust_remote_code: bool = False):
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side
@@ -48,13 +48,14 @@ def load_model(path: str | Path, model_params, quantized: bool | None = None, **
     MXFP4 dequantization.
 
     `quantized` defaults to model.mxfp4_dequantize; a merged model is saved dequantized and passes False.
-    trust_remote_code stays off: only architectures that transformers ships are loaded.
+    trust_remote_code only as model.trust_remote_code allows; weights only from safetensors files.
     """
     chosen = runnable_implementations(path, model_params)
     if chosen["notes"]:
         log.warning("running attention %s, experts %s: %s", chosen["attention"], chosen["experts"],
                     "; ".join(chosen["notes"]))
-    load_kwargs = dict(dtype=DTYPES[model_params.dtype], attn_implementation=chosen["attention"])
+    load_kwargs = dict(dtype=DTYPES[model_params.dtype], attn_implementation=chosen["attention"],
+                       trust_remote_code=model_params.trust_remote_code, use_safetensors=True)
     if chosen["experts"] != "eager":  # only MoE models take it
         load_kwargs["experts_implementation"] = chosen["experts"]
     if model_params.mxfp4_dequantize if quantized is None else quantized:

@@ -86,6 +86,7 @@ class Model(_Section):
     attn_implementation: Literal["eager", "sdpa", "flex_attention", "flash_attention_2"]
     experts_implementation: Literal["eager", "grouped_mm", "batched_mm"]  # MoE experts (gpt-oss)
     mxfp4_dequantize: bool  # load with Mxfp4Config(dequantize=True), as gpt-oss needs
+    trust_remote_code: bool  # run code a model folder ships; every model, tokenizer and config load passes it
     tiny: TinyModel
 
     @model_validator(mode="after")

@@ -205,18 +205,19 @@ class ChatModel(mlflow.pyfunc.PythonModel):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         config = context.model_config
-        kwargs = {"dtype": config.get("dtype", "auto")}
+        remote_code = bool(config.get("trust_remote_code", False))
+        kwargs = {"dtype": config.get("dtype", "auto"), "trust_remote_code": remote_code, "use_safetensors": True}
         if config.get("mxfp4_dequantize"):
             from transformers import Mxfp4Config
 
             kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
         if "model" in context.artifacts:
-            self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["model"])
+            self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["model"], trust_remote_code=remote_code)
             self.model = AutoModelForCausalLM.from_pretrained(context.artifacts["model"], **kwargs).eval()
             return
         from peft import PeftModel
 
-        self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["adapter"])
+        self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["adapter"], trust_remote_code=remote_code)
         model = AutoModelForCausalLM.from_pretrained(config["base"], revision=config.get("revision") or None, **kwargs)
         self.model = PeftModel.from_pretrained(model, context.artifacts["adapter"]).eval()
 
@@ -265,12 +266,14 @@ def _log_chat_model(artifacts: dict, config: dict):
 
 def log_merged_model(model_dir: Path, model_params):
     """The merged model, its weights copied into the run."""
-    return _log_chat_model({"model": str(model_dir)}, {"dtype": model_params.dtype})
+    return _log_chat_model({"model": str(model_dir)}, {"dtype": model_params.dtype,
+                                                       "trust_remote_code": model_params.trust_remote_code})
 
 
 def log_adapter_model(adapter_dir: Path, model_params):
     """Only the adapter, with a reference to its base (a Hub id and revision, or a local folder)."""
     base = model_params.name if model_params.source == "hub" else str(Path("models/base").resolve())
     config = {"base": base, "revision": model_params.revision if model_params.source == "hub" else "",
-              "dtype": model_params.dtype, "mxfp4_dequantize": model_params.mxfp4_dequantize}
+              "dtype": model_params.dtype, "mxfp4_dequantize": model_params.mxfp4_dequantize,
+              "trust_remote_code": model_params.trust_remote_code}
     return _log_chat_model({"adapter": str(adapter_dir)}, config)
