@@ -25,8 +25,7 @@ def test_dvc_plots_list_loss_and_compliance_per_model(repo):
     for value in compliance["data"]["values"]:
         drawn.setdefault(value["filename"], {})[value["language"]] = float(value["compliance"])
     metrics = json.loads((repo / "metrics/eval.json").read_text())
-    assert drawn == {"plots/compliance/finetuned.csv": metrics["compliance"],
-                     "plots/compliance/base.csv": metrics["base"]["compliance"]}
+    assert drawn == {"finetuned.csv": metrics["compliance"], "base.csv": metrics["base"]["compliance"]}
     assert set(metrics["compliance"]) == LANGUAGES
 
     for name in ("train_loss", "compliance", "report"):
