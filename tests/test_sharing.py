@@ -117,8 +117,11 @@ def test_experiment_pushed_to_git_and_dvc_remotes_pulls_into_a_fresh_clone(queue
     clone = fresh_clone(origin, store, tmp_path / "clone")
     run(["dvc", "exp", "pull", "origin", "queued-p2"], clone)
     assert "queued-p2" in experiments(clone)
-    run(["dvc", "exp", "apply", "queued-p2"], clone)
-    # every output the experiment recorded is there (nothing but `exp pull` brought data), and nothing is to do
+    # `dvc exp apply` here would find no outputs: `exp pull` brings the commit, not its outputs (DVC 3.67)
+    run(["dvc", "exp", "branch", "queued-p2", "p2"], clone)
+    run(["git", "checkout", "-q", "p2"], clone)
+    run(["dvc", "pull"], clone)
+    # every output the experiment recorded is there, and nothing is to do
     assert UP_TO_DATE in run(["dvc", "status"], clone)
     assert yaml.safe_load((clone / "params.yaml").read_text())["eval"]["prompts"] == 2
     assert heldout_generations(clone / "reports/generations.jsonl") == 2 * 5
