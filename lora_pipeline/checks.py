@@ -129,7 +129,9 @@ def base_model_config(model, root: Path):
         fetched = fetched.get("params", {}).get("params.yaml", {})
         if any(fetched.get(f"model.{key}") != getattr(model, key) for key in ("source", "name", "revision")):
             return None  # models/base holds another model, or none yet
-    return AutoConfig.from_pretrained(folder) if (folder / "config.json").is_file() else None
+    if not (folder / "config.json").is_file():
+        return None
+    return AutoConfig.from_pretrained(folder, trust_remote_code=model.trust_remote_code)
 
 
 def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
@@ -141,7 +143,7 @@ def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
     if config is None:
         return None
     with torch.device("meta"):
-        built = AutoModelForCausalLM.from_config(config)
+        built = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code)
     # Only leaf modules: peft wraps layers (Linear, Embedding, ...), not the blocks that hold them.
     leaves = [name for name, module in built.named_modules() if not list(module.children())]
     return ModelLayout(config.model_type, leaves, [name for name, _ in built.named_parameters()])

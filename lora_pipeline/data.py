@@ -49,7 +49,16 @@ def read_source(data_params) -> tuple[str, list[SourceRow]]:
     if data_params.source == "hub":
         import datasets
 
-        dataset = datasets.load_dataset(data_params.name, revision=data_params.revision, split=data_params.hub_split)
+        from lora_pipeline.hub import unreachable_error
+
+        try:
+            dataset = datasets.load_dataset(data_params.name, revision=data_params.revision,
+                                            split=data_params.hub_split)
+        except Exception as exc:
+            error = unreachable_error("data.name", data_params.name, data_params.revision, exc)
+            if error is None:
+                raise
+            raise DataError(str(error)) from None
         label = f"{data_params.name} ({data_params.hub_split})"
         return label, [SourceRow(i, decode_messages(row)) for i, row in enumerate(dataset.to_list(), 1)]
     check_data(data_params)

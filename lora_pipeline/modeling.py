@@ -17,8 +17,8 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_tokenizer(path: str | Path, padding_side: str = "right"):
-    tokenizer = AutoTokenizer.from_pretrained(path)
+def load_tokenizer(path: str | Path, padding_side: str = "right", trust_remote_code: bool = False):
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side
@@ -99,8 +99,8 @@ def load_model(path: str | Path, model_params, quantization=None, revision: str 
     `quantization`: the `quantization` params, for the base model as it is trained (and evaluated "before"):
     none, mxfp4-dequantize, or nf4/int8 (bitsandbytes; the model is placed on its device while loading). None: full
     precision, as the merge and a merged model need, whatever was trained: a checkpoint whose config.json declares
-    MXFP4 loads dequantized, any other as stored. trust_remote_code stays off: only architectures that
-    transformers ships are loaded.
+    MXFP4 loads dequantized, any other as stored. trust_remote_code only as model.trust_remote_code
+    allows; weights only from safetensors files.
     """
     from transformers import AutoConfig
 
@@ -115,7 +115,8 @@ def load_model(path: str | Path, model_params, quantization=None, revision: str 
     if chosen["notes"]:
         log.warning("running attention %s, experts %s: %s", chosen["attention"], chosen["experts"],
                     "; ".join(chosen["notes"]))
-    load_kwargs = dict(dtype=DTYPES[model_params.dtype], attn_implementation=chosen["attention"])
+    load_kwargs = dict(dtype=DTYPES[model_params.dtype], attn_implementation=chosen["attention"],
+                       trust_remote_code=model_params.trust_remote_code, use_safetensors=True)
     if chosen["experts"] != "eager":  # only MoE models take it
         load_kwargs["experts_implementation"] = chosen["experts"]
     load_kwargs["quantization_config"] = quantization_config(quantization, model_params.dtype)

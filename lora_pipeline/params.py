@@ -85,6 +85,7 @@ class Model(_Section):
     dtype: Literal["float32", "bfloat16", "float16"]
     attn_implementation: Literal["eager", "sdpa", "flex_attention", "flash_attention_2"]
     experts_implementation: Literal["eager", "grouped_mm", "batched_mm"]  # MoE experts (gpt-oss)
+    trust_remote_code: bool  # run code a model folder ships; every model, tokenizer and config load passes it
     tiny: TinyModel
 
     @model_validator(mode="after")

@@ -194,7 +194,7 @@ def champion_decision(client: MlflowClient, model_name: str, metric: str, value:
 
 
 # The model params the registered model is loaded with (lora_pipeline.modeling.load_model).
-LOAD_KEYS = ("dtype", "attn_implementation", "experts_implementation")
+LOAD_KEYS = ("dtype", "attn_implementation", "experts_implementation", "trust_remote_code")
 # Generation params a caller may pass to predict (params=...): greedy, hence deterministic, unless do_sample.
 GENERATION_DEFAULTS = {"max_new_tokens": 256, "do_sample": False, "temperature": 1.0, "top_p": 1.0}
 
@@ -214,13 +214,14 @@ class ChatModel(mlflow.pyfunc.PythonModel):
         config = context.model_config
         options = SimpleNamespace(**{key: config[key] for key in LOAD_KEYS})
         if "model" in context.artifacts:
-            self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["model"])
+            self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["model"], trust_remote_code=options.trust_remote_code)
             self.model = load_model(context.artifacts["model"], options).eval()
             return
         from peft import PeftModel
 
         # The base in full precision (MXFP4 experts dequantized), as the merge uses it, whatever it was trained in.
-        self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["adapter"])
+        self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["adapter"],
+                                                       trust_remote_code=options.trust_remote_code)
         model = load_model(config["base"], options, revision=config.get("revision") or None)
         self.model = PeftModel.from_pretrained(model, context.artifacts["adapter"]).eval()
 

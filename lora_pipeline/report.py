@@ -1,34 +1,67 @@
-"""The evaluation picture: training loss per step, and reasoning-language compliance before vs after."""
+"""The evaluation's plots: per-model compliance CSVs for `dvc plots`, and the same plots as PNGs for offline viewing."""
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
+from lora_pipeline.outputs import replace_dir, staging_dir, write_text
 
-def plot_report(loss_log: Path, results: dict, out: Path) -> None:
-    """Two panels: loss per step from the train stage's log; compliance per language per evaluated model."""
+
+def write_compliance(results: dict, folder: Path) -> None:
+    """One CSV per evaluated model (<folder>/<model>.csv: language, compliance), so `dvc plots` tells base and
+    fine-tuned apart; the folder is replaced whole, so no file of a model no longer evaluated stays behind."""
+    staged = staging_dir(folder)
+    for name, metrics in results.items():
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(["language", "compliance"])
+        writer.writerows(metrics["compliance"].items())
+        write_text(staged / f"{name}.csv", text.getvalue())
+    replace_dir(staged, folder)
+
+
+def _loss(ax, loss_log: Path) -> None:
+    if loss_log.is_file():
+        with open(loss_log) as f:
+            rows = [r for r in csv.DictReader(f) if r["loss"]]
+        ax.plot([int(r["step"]) for r in rows], [float(r["loss"]) for r in rows], marker=".")
+    ax.set(title="Training loss", xlabel="step", ylabel="loss")
+    ax.grid(alpha=0.3)
+
+
+def _compliance(ax, results: dict) -> None:
+    languages = list(next(iter(results.values()))["compliance"])
+    width = 0.8 / len(results)
+    for i, (name, metrics) in enumerate(sorted(results.items())):
+        xs = [j + (i - (len(results) - 1) / 2) * width for j in range(len(languages))]
+        ax.bar(xs, [metrics["compliance"][lang] for lang in languages], width, label=name)
+    ax.set_xticks(range(len(languages)), languages)
+    ax.set(title="Reasoning in the asked language", ylabel="rate", ylim=(0, 1.05))
+    ax.legend()
+
+
+def plot_report(loss_log: Path, results: dict, folder: Path) -> None:
+    """reports/train_loss.png (loss per step), reports/compliance.png (compliance per language, one bar per
+    evaluated model) and reports/report.png (both side by side)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    if loss_log.is_file():
-        with open(loss_log) as f:
-            rows = [r for r in csv.DictReader(f) if r["loss"]]
-        left.plot([int(r["step"]) for r in rows], [float(r["loss"]) for r in rows], marker=".")
-    left.set(title="Training loss", xlabel="step", ylabel="loss")
-    left.grid(alpha=0.3)
+    def loss(ax):
+        _loss(ax, loss_log)
 
-    languages = list(next(iter(results.values()))["compliance"])
-    width = 0.8 / len(results)
-    for i, (name, metrics) in enumerate(sorted(results.items())):
-        xs = [j + (i - (len(results) - 1) / 2) * width for j in range(len(languages))]
-        right.bar(xs, [metrics["compliance"][lang] for lang in languages], width, label=name)
-    right.set_xticks(range(len(languages)), languages)
-    right.set(title="Reasoning in the asked language", ylabel="rate", ylim=(0, 1.05))
-    right.legend()
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    def compliance(ax):
+        _compliance(ax, results)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, panels in [("train_loss", [loss]), ("compliance", [compliance]), ("report", [loss, compliance])]:
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+        for draw, ax in zip(panels, axes[0]):
+            draw(ax)
+        fig.tight_layout()
+        tmp = folder / f".{name}.png.tmp"
+        fig.savefig(tmp, dpi=100, format="png")
+        tmp.replace(folder / f"{name}.png")
+        plt.close(fig)

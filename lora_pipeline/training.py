@@ -51,7 +51,7 @@ def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTCon
 def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=()) -> tuple[SFTTrainer, dict]:
     """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs."""
     args, levers = sft_args(params.train.sft.to_dict(), output_dir, params.train.checkpoint_steps)
-    tokenizer = load_tokenizer(base)
+    tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     model = load_model(base, params.model, params.quantization, device_map=training_device_map())
     model.config.use_cache = False
     quantized = sum(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules())

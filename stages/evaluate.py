@@ -3,8 +3,6 @@
     python -m stages.evaluate
 Evaluates models/merged and, with eval.include_base, models/base too (the "before" figures, under "base").
 """
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -17,10 +15,10 @@ from lora_pipeline.metrics import LANGUAGE_NAMES, answer_correct, detect_languag
 from lora_pipeline.modeling import device, load_model, load_tokenizer
 from lora_pipeline.outputs import write_json, write_text
 from lora_pipeline.params import load_params
-from lora_pipeline.report import plot_report
+from lora_pipeline.report import plot_report, write_compliance
 
 BASE, MERGED, TEST = Path("models/base"), Path("models/merged"), Path("data/split/test.jsonl")
-METRICS, COMPLIANCE, LOSS_LOG = Path("metrics/eval.json"), Path("plots/compliance.csv"), Path("plots/train_loss.csv")
+METRICS, COMPLIANCE, LOSS_LOG = Path("metrics/eval.json"), Path("plots/compliance"), Path("plots/train_loss.csv")
 REPORTS = Path("reports")
 DEMO = [{"role": "system", "content": "reasoning language: German"},
         {"role": "user", "content": "¿Cuál es el capital de Australia?"}]
@@ -88,7 +86,7 @@ def evaluate(model, tokenizer):
 models = {"finetuned": MERGED} | ({"base": BASE} if ev.include_base else {})
 results, transcripts = {}, []
 for name, path in models.items():
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path, trust_remote_code=params.model.trust_remote_code)
     # The base as it was trained (quantization params); the merged model in full precision, as saved.
     model = load_model(path, params.model, params.quantization if name == "base" else None).to(device()).eval()
     torch.manual_seed(0)
@@ -101,12 +99,7 @@ for name, path in models.items():
 
 metrics = results["finetuned"] | ({"base": results["base"]} if "base" in results else {})
 write_json(METRICS, metrics)
-compliance = io.StringIO()
-writer = csv.writer(compliance, lineterminator="\n")
-writer.writerow(["model", "language", "compliance"])
-for name, result in results.items():
-    writer.writerows([name, lang, rate] for lang, rate in result["compliance"].items())
-write_text(COMPLIANCE, compliance.getvalue())
+write_compliance(results, COMPLIANCE)
 write_jsonl(transcripts, REPORTS / "generations.jsonl")
 demo_lines = []
 for record in (r for r in transcripts if r["set"] == "demo"):
@@ -115,5 +108,5 @@ for record in (r for r in transcripts if r["set"] == "demo"):
                    "user: ¿Cuál es el capital de Australia?", f"reasoning ({detect_language(reasoning)}): {reasoning}",
                    f"final ({detect_language(final)}): {final}", f"raw: {record['generated']}", ""]
 write_text(REPORTS / "demo.txt", "\n".join(demo_lines))
-plot_report(LOSS_LOG, results, REPORTS / "report.png")
+plot_report(LOSS_LOG, results, REPORTS)
 print(json.dumps(metrics, indent=2))

@@ -2,7 +2,9 @@
 
     python -m stages.fetch
 A bad row stops the stage with one line naming the file, row and field (data.bad_rows: fail), or is dropped and
-counted per reason (drop).
+counted per reason (drop). A Hub that is offline or unreachable stops it with one line naming the id and revision.
+Both outputs are written to staging folders and moved into place only once both are complete, so a failure never
+leaves half a download (or new data beside an old model) where the outputs were.
 """
 import shutil
 import sys
@@ -10,41 +12,46 @@ from pathlib import Path
 
 from lora_pipeline.checks import check_model
 from lora_pipeline.data import DataError, load_rows, write_jsonl
+from lora_pipeline.hub import HubUnreachable, download_model
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json
 from lora_pipeline.params import load_params
 
 RAW, BASE, METRICS = Path("data/raw"), Path("models/base"), Path("metrics/data.json")
 
-params = load_params("fetch")
-data, model = params.data, params.model
 
-try:
-    rows, counts = load_rows(data)
-except DataError as exc:
-    sys.exit(f"fetch: {exc}")
-write_jsonl(rows, RAW / "data.jsonl")
-source = {"source": data.source, "name": data.name, "revision": data.revision, "rows": len(rows)}
-write_json(RAW / "source.json", source)
-write_json(METRICS, counts)
-dropped = ", ".join(f"{n} {reason}" for reason, n in counts["dropped"].items())
-print(f"data: {len(rows)} rows from {data.source} {data.name} -> {RAW}" + (f" (dropped: {dropped})" if dropped else ""))
+def main():
+    params = load_params("fetch")
+    data, model = params.data, params.model
+    raw, base = staging_dir(RAW), staging_dir(BASE)
+    try:
+        rows, counts = load_rows(data)
+        write_jsonl(rows, raw / "data.jsonl")
+        write_json(raw / "source.json", {"source": data.source, "name": data.name, "revision": data.revision,
+                                         "rows": len(rows)})
+        if model.source in ("tiny-qwen2", "tiny-gpt-oss"):
+            from lora_pipeline.tiny_models import build_tiny
 
-base = staging_dir(BASE)  # moved into place once complete: an interrupted download leaves no half a model
-if model.source in ("tiny-qwen2", "tiny-gpt-oss"):
-    from lora_pipeline.tiny_models import build_tiny
+            losses = build_tiny(model.source, rows, model.tiny, base)
+            if losses:
+                print(f"tiny base pretrained {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        elif model.source == "hub":
+            download_model(model.name, model.revision, base)
+        else:
+            check_model(model)
+            shutil.copytree(model.name, base, dirs_exist_ok=True)
+    except BaseException as exc:  # failed or interrupted: drop what was staged; the outputs stay as they were
+        shutil.rmtree(raw, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+        if isinstance(exc, (DataError, HubUnreachable)):
+            sys.exit(f"fetch: {exc}")
+        raise
+    replace_dir(raw, RAW)
+    replace_dir(base, BASE)
+    write_json(METRICS, counts)
+    dropped = ", ".join(f"{n} {reason}" for reason, n in counts["dropped"].items())
+    print(f"data: {len(rows)} rows from {data.source} {data.name} -> {RAW}" + (f" (dropped: {dropped})" if dropped else ""))
+    print(f"model: {model.source} {model.name} -> {BASE}")
 
-    losses = build_tiny(model.source, rows, model.tiny, base)
-    if losses:
-        print(f"tiny base pretrained {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-elif model.source == "hub":
-    from huggingface_hub import snapshot_download
 
-    # Weights as safetensors only; the original/ and metal/ folders of gpt-oss are other formats.
-    snapshot_download(model.name, revision=model.revision, local_dir=base,
-                      allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"],
-                      ignore_patterns=["original/*", "metal/*"])
-else:
-    check_model(model)
-    shutil.copytree(model.name, base, dirs_exist_ok=True)
-replace_dir(base, BASE)
-print(f"model: {model.source} {model.name} -> {BASE}")
+if __name__ == "__main__":
+    main()

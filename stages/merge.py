@@ -5,6 +5,7 @@ Checks on a few held-out conversations that the merged model gives the adapted m
 on a 4/8-bit base (QLoRA) is merged into the unquantized weights too; how far that moves the logits from the
 trained model's is reported (metrics/merge.json: trained_relative_logit_diff).
 """
+import sys
 from pathlib import Path
 
 import torch
@@ -23,7 +24,9 @@ TEST, METRICS = Path("data/split/test.jsonl"), Path("metrics/merge.json")
 RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
 
 params = load_params("merge")
-tokenizer = load_tokenizer(BASE)
+if not (ADAPTER / "adapter_model.safetensors").is_file():  # peft would fall back to a pickled adapter_model.bin
+    sys.exit(f"merge: {ADAPTER}/adapter_model.safetensors not found; adapters are loaded from safetensors only")
+tokenizer = load_tokenizer(BASE, trust_remote_code=params.model.trust_remote_code)
 model = PeftModel.from_pretrained(load_model(BASE, params.model), ADAPTER).eval()
 
 texts = [tokenizer.apply_chat_template(conversation(row), tokenize=False) for row in read_jsonl(TEST)[:4]]

@@ -48,3 +48,36 @@ def test_a_bad_row_stops_fetch_with_one_line(repo):
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("fetch: data/local/mydata.jsonl row 6: messages: no assistant turn to learn from "
                                    "(roles ['user'])")
+
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# Nothing listens on port 9 of the loopback: the Hub "server" refuses every connection at once.
+UNREACHABLE = {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}
+
+
+@pytest.mark.parametrize("changes, env, key, why", [
+    ({"model.source": "hub", "model.name": "someone/model-x", "model.revision": "abc123"}, OFFLINE,
+     "model.name 'someone/model-x' at revision 'abc123'", "offline mode is on (HF_HUB_OFFLINE=1)"),
+    ({"model.source": "hub", "model.name": "someone/model-x", "model.revision": "abc123"}, UNREACHABLE,
+     "model.name 'someone/model-x' at revision 'abc123'", "the Hugging Face Hub is unreachable"),
+    ({"data.source": "hub", "data.name": "someone/data-x", "data.revision": "v1"}, OFFLINE,
+     "data.name 'someone/data-x' at revision 'v1'", "offline mode is on (HF_HUB_OFFLINE=1)"),
+])
+def test_hub_out_of_reach_fails_naming_id_and_revision_and_keeps_the_outputs(tmp_path, changes, env, key, why):
+    repo = copy_repo(tmp_path / "repo")
+    set_params(repo, **{"data.builtin_rows": 50, **changes})
+    previous = {"data/raw/data.jsonl": "previous rows\n", "models/base/config.json": "{}\n",
+                "metrics/data.json": "{}\n"}
+    for path, text in previous.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=repo, env=run_env(**env), capture_output=True,
+                          text=True)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"fetch: {key} could not be fetched: {why}"), proc.stderr
+    assert "not in the local Hugging Face cache" in last
+    # the previous outputs are untouched, and nothing staged is left beside them
+    assert {path: (repo / path).read_text() for path in previous} == previous
+    assert sorted(p.name for p in (repo / "models").iterdir()) == ["base"]
+    assert sorted(p.name for p in (repo / "data").iterdir()) == ["local", "raw"]

@@ -104,11 +104,21 @@ def test_register_against_a_tracking_server(repo, tmp_path):
             except OSError:
                 time.sleep(0.5)
         saved = (repo / "models/registered.json").read_text()
-        output = run([sys.executable, "-m", "stages.register"], repo, env={"MLFLOW_TRACKING_URI": uri})
+        # tokens in the environment (the server ignores them) must reach neither the run nor any output
+        secrets = {"HF_TOKEN": "hf_fakeTOKEN4tests", "MLFLOW_TRACKING_USERNAME": "alice",
+                   "MLFLOW_TRACKING_PASSWORD": "fake-PASSWORD-4tests"}
+        output = run([sys.executable, "-m", "stages.register"], repo, env={"MLFLOW_TRACKING_URI": uri, **secrets})
         assert "lora-pipeline v1: no champion yet" in output
         registered = json.loads((repo / "models/registered.json").read_text())
         assert registered["tracking_uri"] == uri and "champion" in registered["aliases"]
         mlflow.set_tracking_uri(uri)
+        logged = mlflow.MlflowClient().get_run(registered["run_id"]).data
+        assert logged.params["lora.r"] == "8" and logged.tags["model_md5"]
+        shown = [output, json.dumps(registered), json.dumps(logged.params), json.dumps(logged.tags)]
+        stored = [path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()]  # the server's db, artifacts
+        for secret in (secrets["HF_TOKEN"], secrets["MLFLOW_TRACKING_PASSWORD"]):
+            assert not any(secret in text for text in shown), secret
+            assert not any(secret.encode() in data for data in stored), secret
         version = mlflow.MlflowClient().get_model_version_by_alias("lora-pipeline", "champion")
         assert version.version == "1"
         model = mlflow.pyfunc.load_model("models:/lora-pipeline@champion")

@@ -1,0 +1,129 @@
+"""Sharing and parallel experiments on the reproduced pipeline: a DVC remote and a fresh clone, an experiment pushed
+and pulled through a git and a DVC remote, and queued experiments that run two at a time without mixing params."""
+import json
+
+import pytest
+import yaml
+
+from conftest import run
+
+UP_TO_DATE = "Data and pipelines are up to date."
+# The cheapest experiments that still produce cached outputs of their own: evaluate (fine-tuned model only, no
+# MGSM) and register re-run; everything before them is reused.
+QUEUED = {"queued-p1": 1, "queued-p2": 2}
+CHEAP = ["-S", "eval.include_base=false", "-S", "eval.mgsm.path=''"]
+
+
+def ran_stages(output: str) -> list[str]:
+    return [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
+
+
+def experiments(repo) -> dict[str, dict]:
+    """{experiment name: its `dvc exp show --json` record (rev, params, metrics)} for the experiments of HEAD."""
+    found = {}
+    for commit in json.loads(run(["dvc", "exp", "show", "--json"], repo)):
+        for exp in commit.get("experiments") or []:
+            for rev in exp.get("revs", []):
+                found[rev.get("name") or exp.get("name")] = rev
+    return found
+
+
+def heldout_generations(path) -> int:
+    """How many held-out questions (times languages) reports/generations.jsonl holds answers to."""
+    return sum(json.loads(line)["set"] == "heldout" for line in path.read_text().splitlines())
+
+
+@pytest.fixture(scope="module")
+def remotes(repo, tmp_path_factory):
+    """A DVC remote (a local folder) as the repository's default, and a bare git repository cloned from it."""
+    repo, _ = repo
+    where = tmp_path_factory.mktemp("remotes")
+    store, origin = where / "dvc-store", where / "origin.git"
+    run(["dvc", "remote", "add", "--local", "--force", "--default", "store", str(store)], repo)
+    run(["git", "clone", "-q", "--bare", str(repo), str(origin)], where)
+    yield store, origin
+    run(["dvc", "remote", "remove", "--local", "store"], repo)
+
+
+def fresh_clone(origin, store, dest):
+    """A git clone with the DVC remote set, as a colleague would have it: no data, no models."""
+    run(["git", "clone", "-q", str(origin), str(dest)], dest.parent)
+    run(["dvc", "remote", "add", "--default", "store", str(store)], dest)
+    assert not (dest / "models/merged").exists()
+    return dest
+
+
+@pytest.fixture(scope="module")
+def queued(repo):
+    """Two experiments queued with different eval.prompts and then run two at a time; the workspace's params.yaml
+    before and after."""
+    repo, _ = repo
+    before = (repo / "params.yaml").read_bytes()
+    for name, prompts in QUEUED.items():
+        run(["dvc", "exp", "run", "--queue", "-n", name, "-S", f"eval.prompts={prompts}", *CHEAP], repo)
+    output = run(["dvc", "exp", "run", "--run-all", "--jobs", "2"], repo)
+    yield repo, before, (repo / "params.yaml").read_bytes(), output
+    run(["dvc", "queue", "stop"], repo)  # the idle worker, which would otherwise linger a minute
+
+
+def test_pushed_pipeline_pulls_into_a_fresh_clone_with_nothing_to_do(repo, remotes, tmp_path):
+    repo, _ = repo
+    store, origin = remotes
+    run(["dvc", "push", "--all-branches"], repo)  # the workspace may hold an experiment: push the branch's outputs too
+    clone = fresh_clone(origin, store, tmp_path / "clone")
+    run(["dvc", "pull"], clone)
+    assert UP_TO_DATE in run(["dvc", "status"], clone)
+    output = run(["dvc", "repro"], clone)
+    assert ran_stages(output) == [] and UP_TO_DATE in output
+    head = run(["git", "rev-parse", "HEAD"], repo).strip()
+    assert run(["git", "rev-parse", "HEAD"], clone).strip() == head
+    for path in ("models/merged/model.safetensors", "models/adapter/adapter_model.safetensors", "data/split/test.jsonl",
+                 "reports/generations.jsonl"):
+        assert (clone / path).is_file(), path
+
+
+def test_queued_experiments_keep_their_own_params_and_results(queued):
+    import mlflow
+
+    repo, before, after, output = queued
+    assert after == before  # the workspace's params.yaml is untouched by the queue
+    # each ran evaluate and register only (validate may come from DVC's run cache)
+    assert sorted(s for s in ran_stages(output) if s != "validate") == ["evaluate"] * 2 + ["register"] * 2, output
+    shown = experiments(repo)
+    client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    for name, prompts in QUEUED.items():
+        data = shown[name]["data"]
+        ev = data["params"]["params.yaml"]["data"]["eval"]
+        assert (ev["prompts"], ev["include_base"], ev["mgsm"]["path"]) == (prompts, False, ""), (name, ev)
+        metrics = data["metrics"]["metrics/eval.json"]["data"]
+        assert "base" not in metrics and "mgsm" not in metrics.get("accuracy", {}), (name, metrics)
+        # its own results: as many held-out answers as its own eval.prompts asked for, in its cached outputs
+        rev = shown[name]["rev"]
+        lock = yaml.safe_load(run(["git", "show", f"{rev}:dvc.lock"], repo))
+        out = next(o for o in lock["stages"]["evaluate"]["outs"] if o["path"] == "reports/generations.jsonl")
+        cached = repo / ".dvc/cache/files/md5" / out["md5"][:2] / out["md5"][2:]
+        assert heldout_generations(cached) == prompts * 5, name
+        # and its own MLflow run, logged with its own params
+        registered = json.loads(run(["git", "show", f"{rev}:models/registered.json"], repo))
+        logged = client.get_run(registered["run_id"]).data
+        assert logged.tags["dvc_exp_name"] == name
+        assert (logged.params["eval.prompts"], logged.params["eval.include_base"]) == (str(prompts), "False")
+
+
+def test_experiment_pushed_to_git_and_dvc_remotes_pulls_into_a_fresh_clone(queued, remotes, tmp_path):
+    repo, *_ = queued
+    store, origin = remotes
+    run(["dvc", "exp", "push", str(origin), "queued-p2"], repo)  # the experiment's commit, and its outputs to `store`
+    clone = fresh_clone(origin, store, tmp_path / "clone")
+    run(["dvc", "exp", "pull", "origin", "queued-p2"], clone)
+    assert "queued-p2" in experiments(clone)
+    # `dvc exp apply` here would find no outputs: `exp pull` brings the commit, not its outputs (DVC 3.67)
+    run(["dvc", "exp", "branch", "queued-p2", "p2"], clone)
+    run(["git", "checkout", "-q", "p2"], clone)
+    run(["dvc", "pull"], clone)
+    # every output the experiment recorded is there, and nothing is to do
+    assert UP_TO_DATE in run(["dvc", "status"], clone)
+    assert yaml.safe_load((clone / "params.yaml").read_text())["eval"]["prompts"] == 2
+    assert heldout_generations(clone / "reports/generations.jsonl") == 2 * 5
+    assert (clone / "models/merged/model.safetensors").is_file()
+    assert ran_stages(run(["dvc", "repro"], clone)) == []
