@@ -18,8 +18,9 @@ from lora_pipeline.outputs import write_json
 
 log = logging.getLogger(__name__)
 
-# A stopped or unreachable server fails the stage in about 30 s (retries after 0, 4, 8, 16 s) instead of MLflow's
-# several minutes per request; each of these MLflow variables, when set, wins.
+# A stopped or unreachable server fails the register stage in about 30 s (retries after 0, 4, 8, 16 s) instead of
+# MLflow's several minutes per request, and bounds each attempt of train's sender thread alike; each of these MLflow
+# variables, when set, wins.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "4", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
@@ -108,7 +109,6 @@ def end_run_failed() -> None:
         pass
 
 
-
 def experiment_id(client: MlflowClient, name: str, root: Path) -> str:
     """The experiment's id, created if missing; local stores keep artifacts in <repo>/mlartifacts."""
     experiment = client.get_experiment_by_name(name)
@@ -127,9 +127,13 @@ _RECORDS_PER_BATCH = 100  # under MLflow's 1000 metrics per log_batch call
 
 
 def read_records() -> list[dict]:
-    if not LIVE_RECORDS.is_file():
-        return []
-    return [json.loads(line) for line in LIVE_RECORDS.read_text().splitlines() if line.strip()]
+    records = []
+    for line in LIVE_RECORDS.read_text().splitlines() if LIVE_RECORDS.is_file() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # the last line, cut by a kill while it was written
+            pass
+    return records
 
 
 def log_records(client: MlflowClient, run_id: str, records: list[dict]) -> None:
@@ -165,9 +169,8 @@ class LiveRun:
                                                  ("fingerprint", "tracking_uri", "experiment"))
         self.state = state if same else fresh
         self.records = read_records() if same else []
-        if not same:
-            LIVE_RECORDS.parent.mkdir(parents=True, exist_ok=True)
-            LIVE_RECORDS.write_text("")
+        LIVE_RECORDS.parent.mkdir(parents=True, exist_ok=True)
+        LIVE_RECORDS.write_text("".join(json.dumps(r) + "\n" for r in self.records))  # whole lines only
         self._save()
         self.root, self.run_name, self.tags = root, run_name, tags or {}
         self.error, self._status, self._system = None, None, None
