@@ -24,6 +24,13 @@ def _hash_path(digest, path: Path) -> None:
             digest.update(hashlib.file_digest(f, "sha256").digest())
 
 
+def content_hash(path: Path) -> str:
+    """sha256 of a file's or a folder's content (relative names and bytes): the same bytes anywhere, the same hash."""
+    digest = hashlib.sha256()
+    _hash_path(digest, path)
+    return digest.hexdigest()
+
+
 def run_fingerprint(stage: str, root: Path = Path(".")) -> str:
     """sha256 (first 16 hex digits) of the params.yaml values the stage declares in dvc.yaml and of the content
     of its dvc.yaml dependencies: what DVC itself decides a re-run by."""

@@ -1,11 +1,9 @@
-"""MLflow: where runs go, provenance from dvc.lock, model logging, and the champion/candidate aliases."""
+"""MLflow for the register stage: provenance from dvc.lock, model logging, and the champion/candidate aliases
+(where runs go: lora_pipeline.tracking)."""
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 from pathlib import Path
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 import mlflow
 import pandas as pd
@@ -13,94 +11,6 @@ import yaml
 from mlflow import MlflowClient
 
 from lora_pipeline.params import flat_keys
-
-
-# A stopped or unreachable server fails the stage in about 30 s (retries after 0, 4, 8, 16 s) instead of MLflow's
-# several minutes per request; each of these MLflow variables, when set, wins.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "4", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
-
-
-def _repo(root: Path) -> Path:
-    """The repository that holds the local store: DVC's temp experiment runs point DVC_ROOT at their parent."""
-    return Path(os.environ.get("DVC_ROOT") or root).resolve()
-
-
-def tracking_uri(root: Path) -> str:
-    """MLFLOW_TRACKING_URI if set, else a sqlite store in the repository."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{_repo(root) / 'mlflow.db'}"
-
-
-def redact(uri: str) -> str:
-    """The URI with any password (or token given as the user part) replaced by ***."""
-    parts = urlsplit(uri)
-    if "@" not in parts.netloc:
-        return uri
-    userinfo, host = parts.netloc.rsplit("@", 1)
-    user, has_password, _ = userinfo.partition(":")
-    hidden = f"{user}:***" if has_password else "***"
-    return urlunsplit(parts._replace(netloc=f"{hidden}@{host}"))
-
-
-def portable_uri(uri: str, root: Path) -> str:
-    """The URI as it may be written into a tracked file: redacted, and a local sqlite store relative to the repo."""
-    if uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///"):])
-        if path.is_absolute():
-            return f"sqlite:///{os.path.relpath(path, _repo(root))}"
-    return redact(uri)
-
-
-def _without_credentials(uri: str) -> str:
-    """The URI minus user:password, which go to MLflow's own variables (so MLflow never prints them)."""
-    parts = urlsplit(uri)
-    if parts.scheme not in ("http", "https") or parts.password is None:
-        return uri
-    os.environ["MLFLOW_TRACKING_USERNAME"] = unquote(parts.username or "")
-    os.environ["MLFLOW_TRACKING_PASSWORD"] = unquote(parts.password)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
-
-
-def use_experiment(name: str, root: Path) -> str:
-    """Point MLflow at the store and experiment with bounded retries; local stores keep artifacts in
-    <repo>/mlartifacts. Returns the URI as given (with any credentials: redact it before showing it)."""
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    uri = tracking_uri(root)
-    os.environ["MLFLOW_TRACKING_URI"] = _without_credentials(uri)
-    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
-    if mlflow.get_experiment_by_name(name) is None:
-        location = None
-        if uri.startswith("sqlite:"):
-            location = (_repo(root) / "mlartifacts").as_uri()
-        mlflow.create_experiment(name, artifact_location=location)
-    mlflow.set_experiment(name)
-    return uri
-
-
-def unreachable(exc: BaseException) -> str | None:
-    """Why MLflow could not be reached (e.g. "Failed to establish a new connection: [Errno 111] Connection
-    refused"), or None if `exc` is another error."""
-    import requests
-
-    lost = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError)
-    while exc is not None:
-        if isinstance(exc, lost):
-            inner = exc.args[0] if exc.args else exc
-            inner = getattr(inner, "reason", inner)  # urllib3's MaxRetryError: the last attempt's error
-            text = inner.args[0] if getattr(inner, "args", None) and isinstance(inner.args[0], str) else str(inner)
-            return re.sub(r"^<[^>]*>: ", "", text)[:200]
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def end_run_failed() -> None:
-    """Mark the active run FAILED with a single attempt: after a connection error, retrying only delays the exit."""
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
-    try:
-        mlflow.end_run("FAILED")
-    except Exception:  # the server is gone; the next register run marks this run FAILED
-        pass
 
 
 def lock_provenance(lock_path: Path) -> tuple[dict, dict]:

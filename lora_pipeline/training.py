@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTCon
         save_strategy="steps" if checkpoint_steps else "no",
         save_steps=checkpoint_steps or 500,
         save_total_limit=2,  # the newest complete checkpoint survives a kill while the next one is written
-        report_to="none",  # the register stage sends the per-step log to MLflow, in the pipeline run's own run
+        report_to="none",  # rank 0's LiveMetrics sends the per-step figures to MLflow (see lora_pipeline.tracking)
         include_num_input_tokens_seen="non_padding",
         dataloader_num_workers=0,
         gradient_checkpointing_kwargs={"use_reentrant": False} if sft["gradient_checkpointing"] else None,
@@ -111,3 +112,28 @@ class StopOnSignal(TrainerCallback):
             self.received = self.received or signal.SIGTERM
             control.should_save = control.should_training_stop = True
         return control
+
+
+class LiveMetrics(TrainerCallback):
+    """Each logged step's loss, learning rate, grad norm and epoch, the tokens/s since the previous log (all
+    processes' non-padding tokens) and, on a GPU, memory allocated and its peak, handed to `sink.record(step, figures)`
+    (rank 0's tracking.LiveRun)."""
+
+    def __init__(self, sink):
+        self.sink, self._mark = sink, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._mark = (time.perf_counter(), state.num_input_tokens_seen)  # after a resume: the restored count
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:  # the end-of-training summary: register logs the stage's own metrics
+            return
+        now, tokens = time.perf_counter(), state.num_input_tokens_seen
+        figures = {k: float(logs[k]) for k in ("loss", "learning_rate", "grad_norm", "epoch")
+                   if isinstance(logs.get(k), (int, float))}
+        figures["tokens_per_s"] = (tokens - self._mark[1]) / max(now - self._mark[0], 1e-9)
+        if torch.cuda.is_available():
+            figures["gpu_memory_gib"] = torch.cuda.memory_allocated() / 2**30
+            figures["gpu_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        self._mark = (now, tokens)
+        self.sink.record(state.global_step, figures)

@@ -1,6 +1,10 @@
-"""register: one MLflow run for this pipeline run (tags, params, metrics, per-step loss), and the model registered.
+"""register: completes this pipeline run's MLflow run (tags, params, metrics, per-step figures) and registers the model.
 
     python -m stages.register
+The run is the one the train stage opened for the adapter on disk (logs/train_mlflow.json), when this server has it
+and no register completed it yet; step records the train stage could not deliver are sent to it first. Otherwise
+(register re-run alone, e.g. only eval or gate params changed; a training restored from DVC's cache; another
+server) a new run, tagged train_run_id when the train run is on this server, with the per-step figures again.
 The new version gets the alias `candidate`; it becomes `champion` only if register.gate_metric beats the
 current champion's. Outputs already logged (same md5s in dvc.lock) log nothing; a new run whose model is
 already registered (e.g. only eval params changed) logs its run and links the existing version. An unreachable
@@ -10,6 +14,7 @@ import csv
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 # Everything registered is on disk; offline, MLflow does not wait ~30 s for a Hub model card it cannot use.
@@ -18,30 +23,54 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import mlflow
 from mlflow import MlflowClient
 
-from lora_pipeline import registry
+from lora_pipeline import registry, tracking
 from lora_pipeline.outputs import write_json
 from lora_pipeline.params import ROOT, flat_keys, load_params
 
 METRICS = {"train": Path("metrics/train.json"), "merge": Path("metrics/merge.json"), "eval": Path("metrics/eval.json")}
 LOSS_LOG, ARTIFACTS = Path("plots/train_loss.csv"), [Path("reports/demo.txt"), Path("reports/report.png")]
 SPEED = Path("logs/train_speed.json")  # timings of the train stage: logged when present, never a DVC dependency
-OUT = Path("models/registered.json")
+OUT, ADAPTER = Path("models/registered.json"), Path("models/adapter")
 
 
-def log_run(client, params, metrics, md5s, run_params, pipeline_md5, model_dir):
-    """A new run for this pipeline run; registers the model unless a finished run already did. -> (run id, version,
+def csv_records(path: Path) -> list[dict]:
+    """The train stage's per-step log as step records, for a run that has no live record of this training."""
+    now = int(time.time() * 1000)
+    with open(path) as f:
+        return [{"step": int(row.pop("step")), "time": now, "metrics": {k: float(v) for k, v in row.items() if v}}
+                for row in csv.DictReader(f)]
+
+
+def continuable(run, pipeline_md5: str) -> bool:
+    """The train run is this pipeline run's to complete: no register finished it, nor began it for other outputs."""
+    return "registered_version" not in run.data.tags and run.data.tags.get("pipeline_md5", pipeline_md5) == pipeline_md5
+
+
+def start_pipeline_run(client, uri, reg, pipeline_md5, tags):
+    """The train stage's run continued, or a new run with the step records (see the module docstring)."""
+    training = tracking.finished_training(client, uri, ROOT, reg.experiment, ADAPTER)
+    state, records, train_run = training or (None, csv_records(LOSS_LOG), None)
+    if train_run is not None:
+        tracking.deliver_late(client, state, records, train_run.info.run_id)
+        if continuable(train_run, pipeline_md5):
+            return mlflow.start_run(run_id=train_run.info.run_id)
+        tags["train_run_id"] = train_run.info.run_id
+    run = mlflow.start_run(run_name=os.environ.get("DVC_EXP_NAME"))
+    tracking.log_records(client, run.info.run_id, records)
+    return run
+
+
+def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_dir):
+    """This pipeline run's run completed; registers the model unless a finished run already did. -> (run id, version,
     gate decision)"""
     reg = params.register
     model_md5 = md5s.get(model_dir, "")
     tags = {"git_commit": registry.git_commit(ROOT), "dvc_exp_name": os.environ.get("DVC_EXP_NAME", "workspace"),
             "model_md5": model_md5, "pipeline_md5": pipeline_md5, **{f"md5.{path}": md5 for path, md5 in md5s.items()}}
-    run = mlflow.start_run(run_name=os.environ.get("DVC_EXP_NAME"))
+    run = start_pipeline_run(client, uri, reg, pipeline_md5, tags)
     mlflow.set_tags(tags)
     mlflow.log_params({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in run_params.items()})
     mlflow.log_metrics(metrics)
-    with open(LOSS_LOG) as f:  # the train stage's per-step log, in this same run
-        for row in csv.DictReader(f):
-            mlflow.log_metric("train.step_loss", float(row["loss"]), step=int(row["step"]))
     if SPEED.is_file():
         mlflow.log_metrics(registry.speed_metrics(json.loads(SPEED.read_text())))
         mlflow.log_artifact(str(SPEED))
@@ -85,9 +114,9 @@ def main():
     # This pipeline run: every output it produced, and how it is to be registered.
     pipeline_md5 = hashlib.md5(json.dumps([md5s, reg.to_dict()], sort_keys=True).encode()).hexdigest()
 
-    uri = registry.tracking_uri(ROOT)
+    uri = tracking.tracking_uri(ROOT)
     try:
-        registry.use_experiment(reg.experiment, ROOT)
+        tracking.use_experiment(reg.experiment, ROOT)
         client = MlflowClient()
         logged = registry.completed_run(client, reg.experiment, pipeline_md5)
         if logged is not None:  # this very pipeline run is in MLflow already
@@ -96,22 +125,23 @@ def main():
             version = client.get_model_version(reg.model_name, tags["registered_version"])
             decision = {"promote": tags.get("gate.decision") == "champion", "reason": tags.get("gate.reason")}
         else:
-            run_id, version, decision = log_run(client, params, metrics, md5s, run_params, pipeline_md5, model_dir)
+            run_id, version, decision = log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5,
+                                                model_dir)
             print(f"logged run {run_id}; {reg.model_name} v{version.version}: {decision['reason']}")
         aliases = client.get_model_version(reg.model_name, version.version).aliases
     except Exception as exc:
-        reason, retries = registry.unreachable(exc), os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
-        registry.end_run_failed()
+        reason, retries = tracking.unreachable(exc), os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+        tracking.end_run_failed()
         if reason is None:
             raise
         raise SystemExit(
-            f"register: MLflow at {registry.redact(uri)} unreachable ({reason}) after "
+            f"register: MLflow at {tracking.redact(uri)} unreachable ({reason}) after "
             f"{retries} retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES, "
             f"_BACKOFF_FACTOR, _TIMEOUT set the bound); {OUT} left as it was, re-run when the server is back") from None
 
     write_json(OUT, {"model_name": reg.model_name, "version": int(version.version),
                      "model_uri": f"models:/{reg.model_name}/{version.version}", "aliases": sorted(aliases),
-                     "run_id": run_id, "tracking_uri": registry.portable_uri(uri, ROOT),
+                     "run_id": run_id, "tracking_uri": tracking.portable_uri(uri, ROOT),
                      "model_md5": md5s.get(model_dir, ""), "gate": decision})
     print(OUT.read_text())
 

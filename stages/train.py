@@ -5,7 +5,9 @@ Launched by accelerate, one process per device (dvc.yaml's cmd):
 Checkpoints go to checkpoints/train-<hash of params, code and data> every train.checkpoint_steps steps (and on
 SIGTERM/SIGINT); a re-run with the same hash resumes from the last complete one. Rank 0 alone writes the
 adapter, metrics/train.json and plots/train_loss.csv; timings and the step a run resumed from go to
-logs/train_speed.json, which is no DVC output, so identical trainings give identical outputs.
+logs/train_speed.json, which is no DVC output, so identical trainings give identical outputs. Rank 0 also opens
+the pipeline run's MLflow run (resumed after a kill) and sends it each logged step's figures as training goes
+(lora_pipeline.tracking); the register stage completes that run.
 """
 import csv
 import io
@@ -20,11 +22,11 @@ import torch
 from datasets import Dataset
 
 from lora_pipeline.chat import conversation
-from lora_pipeline.checkpoints import hold_run_lock, last_complete, run_dir, run_fingerprint
+from lora_pipeline.checkpoints import content_hash, hold_run_lock, last_complete, run_dir, run_fingerprint
 from lora_pipeline.data import read_jsonl
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json, write_text
-from lora_pipeline.params import load_params
-from lora_pipeline.training import StopOnSignal, build_trainer
+from lora_pipeline.params import ROOT, load_params
+from lora_pipeline.training import LiveMetrics, StopOnSignal, build_trainer
 
 BASE, TRAIN, ADAPTER = Path("models/base"), Path("data/split/train.jsonl"), Path("models/adapter")
 METRICS, LOSS_LOG, SPEED = Path("metrics/train.json"), Path("plots/train_loss.csv"), Path("logs/train_speed.json")
@@ -32,22 +34,35 @@ METRICS, LOSS_LOG, SPEED = Path("metrics/train.json"), Path("plots/train_loss.cs
 
 def main():
     params = load_params("train")  # the validate stage has already refused what this machine cannot run
-    checkpoints = run_dir(run_fingerprint("train"))
+    fingerprint = run_fingerprint("train")
+    checkpoints, live = run_dir(fingerprint), None
     if int(os.environ.get("RANK", "0")) == 0:  # the launcher's rank: accelerate's state is not set up yet
         lock = hold_run_lock(checkpoints)  # noqa: F841 (held until exit)
+        from lora_pipeline.tracking import LiveRun  # rank 0 alone talks to MLflow
+
+        exp_name = os.environ.get("DVC_EXP_NAME")
+        live = LiveRun(params.register.experiment, fingerprint, ROOT, run_name=exp_name,
+                       tags={"dvc_exp_name": exp_name or "workspace", "train_fingerprint": fingerprint})
     resume = last_complete(checkpoints)
     tokens_before = json.loads((resume / "trainer_state.json").read_text())["num_input_tokens_seen"] if resume else 0
     train_set = Dataset.from_list([{"messages": conversation(row)} for row in read_jsonl(TRAIN)])
     stopper = StopOnSignal()
-    trainer, implementations = build_trainer(params, BASE, train_set, checkpoints, callbacks=[stopper])
-    rank0 = trainer.is_world_process_zero()
-    if rank0 and resume:
-        print(f"resuming from {resume}", flush=True)
-
-    start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    seconds = time.perf_counter() - start
+    try:
+        trainer, implementations = build_trainer(params, BASE, train_set, checkpoints,
+                                                 callbacks=[stopper, LiveMetrics(live)] if live else [stopper])
+        rank0 = trainer.is_world_process_zero()
+        if rank0 and resume:
+            print(f"resuming from {resume}", flush=True)
+        start = time.perf_counter()
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        seconds = time.perf_counter() - start
+    except BaseException:
+        if live:
+            live.finish("FAILED")
+        raise
     if stopper.received:
+        if live:
+            live.finish("KILLED")  # a re-run resumes the run with the training
         if rank0:
             print(f"stopped by signal {stopper.received} at step {trainer.state.global_step}; checkpoint saved in "
                   f"{checkpoints}: run `dvc repro` to resume", flush=True)
@@ -93,6 +108,9 @@ def main():
              "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0}
     write_json(SPEED, speed)
     shutil.rmtree(checkpoints, ignore_errors=True)  # finished: nothing left to resume
+    unsent = live.finish("FINISHED", adapter_hash=content_hash(ADAPTER))
+    if unsent:
+        print(unsent, flush=True)
     print(json.dumps({"metrics": json.loads(METRICS.read_text()), "speed": speed}, indent=2))
 
 

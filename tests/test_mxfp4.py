@@ -18,7 +18,8 @@ from lora_pipeline.mxfp4 import (
 
 VOCAB = 96
 # As the recipe loads openai/gpt-oss-20b: bf16, MXFP4 experts dequantized (the pipeline's one loader).
-BF16 = SimpleNamespace(dtype="bfloat16", attn_implementation="sdpa", experts_implementation="eager")
+BF16 = SimpleNamespace(dtype="bfloat16", attn_implementation="sdpa", experts_implementation="eager",
+                       trust_remote_code=False)
 DEQUANTIZE = SimpleNamespace(method="mxfp4-dequantize")
 
 

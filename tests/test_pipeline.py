@@ -140,5 +140,8 @@ def test_new_evaluation_of_the_same_model_logs_a_run_but_no_version(repo):
     assert after["version"] == before["version"] and after["run_id"] != before["run_id"]
     assert after["gate"]["reason"] == f"model already registered as v{before['version']}"
     mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
-    versions = mlflow.MlflowClient().search_model_versions("name = 'lora-pipeline'")
+    client = mlflow.MlflowClient()
+    versions = client.search_model_versions("name = 'lora-pipeline'")
     assert len(versions) == 2  # the default's and r16's
+    # the training's own run was completed by the first register: this one is new and links to it
+    assert client.get_run(after["run_id"]).data.tags["train_run_id"] == before["run_id"]

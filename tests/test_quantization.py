@@ -12,8 +12,10 @@ from conftest import edited_params, run
 from lora_pipeline.modeling import load_model
 from lora_pipeline.mxfp4 import build_tiny_gpt_oss
 
-FP32 = SimpleNamespace(dtype="float32", attn_implementation="sdpa", experts_implementation="eager")
-BF16 = SimpleNamespace(dtype="bfloat16", attn_implementation="sdpa", experts_implementation="eager")
+FP32 = SimpleNamespace(dtype="float32", attn_implementation="sdpa", experts_implementation="eager",
+                       trust_remote_code=False)
+BF16 = SimpleNamespace(dtype="bfloat16", attn_implementation="sdpa", experts_implementation="eager",
+                       trust_remote_code=False)
 
 
 def quantization(method, compute_dtype="auto", double_quant=True):

@@ -29,6 +29,8 @@ def test_run_has_provenance_and_step_metrics(repo):
     assert "eval.compliance.overall" in run_.data.metrics and "eval.test.loss" in run_.data.metrics
     steps = client.get_metric_history(run_.info.run_id, "train.step_loss")
     assert len(steps) > 5 and steps[0].step < steps[-1].step
+    # the run the train stage opened and fed while training, completed by register
+    assert run_.data.tags["train_fingerprint"] and "train.step_tokens_per_s" in run_.data.metrics
     assert run_.data.tags["gate.decision"] == "champion"
     assert run_.data.tags["dvc_exp_name"] == "workspace"  # `dvc repro`, not an experiment
     experiment = client.get_run(client.get_model_version("lora-pipeline", "2").run_id)  # dvc exp run -n r16
