@@ -47,7 +47,7 @@ def load_model(path: str | Path, model_params, quantized: bool | None = None, **
     """The base (or merged) model as every stage loads it: dtype, attention and experts implementations, and
     MXFP4 dequantization.
 
-    `quantized` defaults to model.mxfp4_dequantize; a merged model is saved dequantized and passes False.
+    `quantized` defaults to model.mxfp4_dequantize; a merged model saved in model.dtype (not MXFP4) passes False.
     trust_remote_code stays off: only architectures that transformers ships are loaded.
     """
     chosen = runnable_implementations(path, model_params)

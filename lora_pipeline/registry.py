@@ -264,8 +264,12 @@ def _log_chat_model(artifacts: dict, config: dict):
 
 
 def log_merged_model(model_dir: Path, model_params):
-    """The merged model, its weights copied into the run."""
-    return _log_chat_model({"model": str(model_dir)}, {"dtype": model_params.dtype})
+    """The merged model, its weights copied into the run; one saved in MXFP4 loads as the base does."""
+    from lora_pipeline.mxfp4 import is_mxfp4_checkpoint
+
+    config = {"dtype": model_params.dtype,
+              "mxfp4_dequantize": model_params.mxfp4_dequantize and is_mxfp4_checkpoint(model_dir)}
+    return _log_chat_model({"model": str(model_dir)}, config)
 
 
 def log_adapter_model(adapter_dir: Path, model_params):

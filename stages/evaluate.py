@@ -15,6 +15,7 @@ from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.data import read_jsonl, write_jsonl
 from lora_pipeline.metrics import LANGUAGE_NAMES, answer_correct, detect_language, generate, heldout_loss, read_mgsm
 from lora_pipeline.modeling import device, load_model, load_tokenizer
+from lora_pipeline.mxfp4 import is_mxfp4_checkpoint
 from lora_pipeline.outputs import write_json, write_text
 from lora_pipeline.params import load_params
 from lora_pipeline.report import plot_report
@@ -89,7 +90,9 @@ models = {"finetuned": MERGED} | ({"base": BASE} if ev.include_base else {})
 results, transcripts = {}, []
 for name, path in models.items():
     tokenizer = load_tokenizer(path)
-    model = load_model(path, params.model, quantized=None if name == "base" else False).to(device()).eval()
+    # A merged model saved in MXFP4 (merge.save_format) loads as the base does; one saved in model.dtype plainly.
+    quantized = None if name == "base" or is_mxfp4_checkpoint(path) else False
+    model = load_model(path, params.model, quantized=quantized).to(device()).eval()
     torch.manual_seed(0)
     metrics, records = evaluate(model, tokenizer)
     results[name] = metrics

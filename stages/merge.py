@@ -1,7 +1,10 @@
 """merge: fold the LoRA adapter into the base weights (merge_and_unload) and save safetensors to models/merged.
 
     python -m stages.merge
-Checks on a few held-out conversations that the merged model gives the adapted model's logits.
+Checks on a few held-out conversations that the merged model gives the adapted model's logits. With
+merge.save_format mxfp4 (auto, for an MXFP4 base such as openai/gpt-oss) the experts are re-encoded to MXFP4 as
+the base stores them; the saved model is read back into memory and its logits compared with the 16-bit merged
+model's (metrics/merge.json: mxfp4.*).
 """
 from pathlib import Path
 
@@ -10,7 +13,9 @@ from peft import PeftModel
 
 from lora_pipeline.chat import conversation
 from lora_pipeline.data import read_jsonl
-from lora_pipeline.modeling import load_model, load_tokenizer
+from lora_pipeline.modeling import device, load_model, load_tokenizer
+from lora_pipeline.mxfp4 import (compare_logits, expert_values_changed, load_into, merged_save_format,
+                                 save_mxfp4_checkpoint)
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json
 from lora_pipeline.params import load_params
 
@@ -21,8 +26,13 @@ TEST, METRICS = Path("data/split/test.jsonl"), Path("metrics/merge.json")
 RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
 
 params = load_params("merge")
+try:
+    save_format = merged_save_format(params.merge.save_format, BASE)  # before any model is loaded
+except ValueError as exc:
+    raise SystemExit(f"merge: {exc}") from None
 tokenizer = load_tokenizer(BASE)
 model = PeftModel.from_pretrained(load_model(BASE, params.model), ADAPTER).eval()
+experts_trained = bool(model.peft_config["default"].target_parameters)
 
 texts = [tokenizer.apply_chat_template(conversation(row), tokenize=False) for row in read_jsonl(TEST)[:4]]
 batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=128).to(model.device)
@@ -36,13 +46,27 @@ relative = max_diff / adapted.abs()[mask].max().item()
 if relative > RELATIVE_TOLERANCE[params.model.dtype]:
     raise SystemExit(f"merged logits differ from the adapted model's by {max_diff:.3g} "
                      f"({relative:.3g} relative, tolerance {RELATIVE_TOLERANCE[params.model.dtype]})")
+metrics = {"max_abs_logit_diff": max_diff, "relative_logit_diff": relative}
 
-# A model loaded from MXFP4 with dequantize=True is saved as plain 16-bit weights.
-merged_model.config.__dict__.pop("quantization_config", None)
 staged = staging_dir(MERGED)
-merged_model.save_pretrained(staged)
+if save_format == "mxfp4":
+    # min_error scales: a group whose largest weight the LoRA grew a little keeps its scale (see quantize_mxfp4).
+    save_mxfp4_checkpoint(merged_model, staged, scale="min_error", device=device())
+    load_into(merged_model, staged)  # the model as saved, in place of the 16-bit one
+    with torch.no_grad():
+        saved = merged_model(**batch).logits.float()
+    metrics["mxfp4"] = compare_logits(merged, saved, mask)
+    changed = expert_values_changed(staged, BASE)
+    if changed is not None:
+        metrics["mxfp4"]["expert_values_changed"] = changed
+        if experts_trained and changed == 0:
+            print("merge: the LoRA on the experts changed no MXFP4 value: its deltas are below MXFP4's resolution, "
+                  "so the saved experts are the base's; merge.save_format: model_dtype keeps them")
+else:
+    # A model loaded from MXFP4 with dequantize=True is saved as plain weights in model.dtype.
+    merged_model.config.__dict__.pop("quantization_config", None)
+    merged_model.save_pretrained(staged)
 tokenizer.save_pretrained(staged)
 replace_dir(staged, MERGED)
-metrics = {"max_abs_logit_diff": max_diff, "relative_logit_diff": relative}
 write_json(METRICS, metrics)
-print(f"merged -> {MERGED}; {metrics}")
+print(f"merged ({save_format}) -> {MERGED}; {metrics}")

@@ -97,6 +97,8 @@ BAD = [
          "['mlp.experts.up_proj']"),
     case({**GPT_OSS, "lora.target_modules": ["gate_proj"]}, "lora.target_modules", "['gate_proj']"),
     case({**GPT_OSS, "model.tiny.hidden_size": 48}, "model.tiny.hidden_size", "48 is not a multiple of 32"),
+    case({"merge.save_format": "mxfp4"}, "merge.save_format", "(qwen2) is not gpt-oss"),
+    case({"merge.save_format": "fp8"}, "merge.save_format", "'fp8'"),
     # metrics the gate can read
     case({"register.gate_metric": "compliance.overall"}, "register.gate_metric", "'compliance.overall'"),
     case({"register.gate_metric": "eval.compliance.ja"}, "register.gate_metric", "'eval.compliance.ja'"),
@@ -144,6 +146,8 @@ def test_every_problem_is_reported_at_once():
     {"lora.use_rslora": True, "train.sft.max_grad_norm": 0.5, "train.sft.lr_scheduler_type": "constant"},
     {**GPT_OSS, "model.mxfp4_dequantize": True, "model.experts_implementation": "grouped_mm",
      "lora.target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
+    {**GPT_OSS, "merge.save_format": "mxfp4"},
+    {"merge.save_format": "model_dtype"},
     # a Hub model not fetched yet: its architecture is unknown, so checked only once fetch has it
     {"model.source": "hub", "model.name": "org/model", "model.mxfp4_dequantize": True},
 ], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items()) or "shipped")
@@ -158,6 +162,8 @@ def test_local_model_is_checked_against_its_config(tmp_path):
     validate_all(shipped(**{"model.source": "local", "model.name": str(tmp_path)}))
     with pytest.raises(ParamsError, match=r"model\.mxfp4_dequantize: true, but the base model \(qwen2\)"):
         validate_all(shipped(**{"model.source": "local", "model.name": str(tmp_path), "model.mxfp4_dequantize": True}))
+    with pytest.raises(ParamsError, match=r"merge\.save_format: mxfp4, but the base model \(qwen2\)"):
+        validate_all(shipped(**{"model.source": "local", "model.name": str(tmp_path), "merge.save_format": "mxfp4"}))
 
 
 def test_validate_stage_exits_naming_the_key(tmp_path):
