@@ -7,14 +7,17 @@ merge.save_format: model_dtype with model.dtype bfloat16) and in MXFP4 (as the m
 one is loaded back with Mxfp4Config(dequantize=True), as openai/gpt-oss-20b is. Prints one JSON object:
 
 - sizes on disk, per layer and extrapolated to the real 24 layers;
-- logits of the MXFP4 merged model against the bf16 merged model's on random token sequences (max and mean
-  |difference|, top-1 agreement), next to the merged deltas' own effect (bf16 merged against the base);
-- per size of delta, what re-encoding does to the experts, with the merge stage's min_error scales and with
-  round_up scales (transformers' and triton's rule): relative error against the bf16 merged experts, the share of
-  the delta that is kept (<Q(W+D) - W, D> / |D|^2: 1 all, 0 none), and the share of values and scales changed.
+- per size of delta, and for the merge stage's min_error scales and round_up scales (transformers' and triton's
+  rule): logits of the MXFP4 merged model against the bf16 merged model's on random token sequences (max and mean
+  |difference|, top-1 agreement), and what re-encoding does to the experts: relative error against the bf16 merged
+  experts, the share of the delta kept (<Q(W+D) - W, D> / |D|^2: 1 all, 0 none), the share of values and scales
+  that differ from the base's;
+- for scale, the deltas' own effect on the logits (bf16 merged against the base), and the experts' deltas' alone
+  (bf16 merged against the base with only the attention deltas: what is lost if no expert delta survives).
 
-    python benchmarks/mxfp4_merge_check.py --layers 4                       # an H200: about 2 minutes
-    python benchmarks/mxfp4_merge_check.py --layers 1 --experts 4 --device cpu   # a quick check on a CPU
+    python benchmarks/mxfp4_merge_check.py --layers 4 --out mxfp4_merge_check.json   # one H200
+    python benchmarks/mxfp4_merge_check.py --layers 1 --experts 4 --relative-delta 0.01 --sequences 2 \
+        --length 64 --device cpu                                                  # a quick check on a CPU
 """
 import argparse
 import json
@@ -102,8 +105,8 @@ def main():
     parser.add_argument("--experts", type=int, default=32, help="experts per layer (the real model has 32; fewer "
                         "only for a quick CPU check)")
     parser.add_argument("--relative-delta", type=float, nargs="+", default=[0.003, 0.01, 0.03],
-                        help="|delta| / |W| of the merged LoRA, per matrix; the first is also saved in bf16 and "
-                             "compared on logits")
+                        help="|delta| / |W| of the merged LoRA, per matrix; the first is also saved in bf16 for the "
+                             "sizes")
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--sequences", type=int, default=4)
     parser.add_argument("--length", type=int, default=256)
@@ -156,44 +159,56 @@ def main():
                 if name in base:
                     p.copy_(base[name].float() + low_rank_delta(base[name], relative, args.rank, g))
         merged_logits = logits(model)  # the bf16 merged model: what save_pretrained writes and loads back exactly
-        stats = {}
+        merged_experts = {n: p.detach().clone() for n, p in model.named_parameters() if n.endswith(EXPERTS)}
+        with torch.no_grad():  # the attention deltas alone: what is left if the experts' deltas were all lost
+            for name, p in model.named_parameters():
+                if name in merged_experts:
+                    p.copy_(base[name])
+            attention_only_logits = logits(model)
+            for name, p in model.named_parameters():
+                if name in merged_experts:
+                    p.copy_(merged_experts[name])
+        del merged_experts
+
         t = time.perf_counter()
+        stats = {}
         for name, p in model.named_parameters():
             if name.endswith(EXPERTS):
                 for rule, s in expert_stats(base[name], p.detach()).items():
                     acc = stats.setdefault(rule, dict.fromkeys(s, 0.0))
                     for key, value in s.items():
                         acc[key] += value
-        timings.setdefault("expert_stats_s", 0.0)
-        timings["expert_stats_s"] += time.perf_counter() - t
-        experts = {rule: {"relative_error": (s["err2"] / s["merged2"]) ** 0.5, "delta_kept": s["kept"] / s["delta2"],
-                          "values_changed": s["changed"] / s["values"],
-                          "scales_changed": s["scales_changed"] / s["scales"]} for rule, s in stats.items()}
+        timings["expert_stats_s"] = timings.get("expert_stats_s", 0.0) + time.perf_counter() - t
+        entry = {"relative_delta": relative,
+                 "logits_delta_effect": compare_logits(merged_logits, base_logits),
+                 "logits_expert_delta_effect": compare_logits(merged_logits, attention_only_logits)}
+        for rule, s in stats.items():
+            entry[rule] = {"experts": {"relative_error": (s["err2"] / s["merged2"]) ** 0.5,
+                                       "delta_kept": s["kept"] / s["delta2"],
+                                       "values_changed": s["changed"] / s["values"],
+                                       "scales_changed": s["scales_changed"] / s["scales"]}}
 
-        folder = work / f"mxfp4-{relative:g}"
-        t = time.perf_counter()
-        save_mxfp4_checkpoint(model, folder, scale="min_error", device=device)
-        timings.setdefault("save_mxfp4_s", []).append(round(time.perf_counter() - t, 1))
-        if i == 0:
+            folder = work / f"mxfp4-{rule}-{relative:g}"
             t = time.perf_counter()
-            model.save_pretrained(work / "bf16")
-            timings["save_bf16_s"] = round(time.perf_counter() - t, 1)
-            result["sizes"] = {"bf16": checkpoint_bytes(work / "bf16", args.layers),
-                               "mxfp4": checkpoint_bytes(folder, args.layers)}
-            result["sizes"]["ratio"] = round(result["sizes"]["mxfp4"]["file_bytes"] /
-                                             result["sizes"]["bf16"]["file_bytes"], 3)
-            shutil.rmtree(work / "bf16")
-        t = time.perf_counter()
-        loaded = load_mxfp4_dequantized(folder, device_map=str(device))  # as openai/gpt-oss-20b is loaded
-        timings.setdefault("load_mxfp4_s", []).append(round(time.perf_counter() - t, 1))
-        mxfp4_logits = logits(loaded)
-        del loaded
-        shutil.rmtree(folder)
-        result["deltas"].append({"relative_delta": relative,
-                                 "logits_mxfp4_vs_bf16": compare_logits(merged_logits, mxfp4_logits),
-                                 "logits_delta_effect": compare_logits(merged_logits, base_logits),
-                                 "experts": experts})
-        print(json.dumps(result["deltas"][-1]), file=sys.stderr, flush=True)
+            save_mxfp4_checkpoint(model, folder, scale=rule, device=device)
+            timings.setdefault(f"save_mxfp4_{rule}_s", []).append(round(time.perf_counter() - t, 1))
+            if i == 0 and rule == "min_error":
+                t = time.perf_counter()
+                model.save_pretrained(work / "bf16")
+                timings["save_bf16_s"] = round(time.perf_counter() - t, 1)
+                result["sizes"] = {"bf16": checkpoint_bytes(work / "bf16", args.layers),
+                                   "mxfp4": checkpoint_bytes(folder, args.layers)}
+                result["sizes"]["ratio"] = round(result["sizes"]["mxfp4"]["file_bytes"] /
+                                                 result["sizes"]["bf16"]["file_bytes"], 3)
+                shutil.rmtree(work / "bf16")
+            t = time.perf_counter()
+            loaded = load_mxfp4_dequantized(folder, device_map=str(device))  # as openai/gpt-oss-20b is loaded
+            timings.setdefault(f"load_mxfp4_{rule}_s", []).append(round(time.perf_counter() - t, 1))
+            entry[rule]["logits_mxfp4_vs_bf16"] = compare_logits(merged_logits, logits(loaded))
+            del loaded
+            shutil.rmtree(folder)
+        result["deltas"].append(entry)
+        print(json.dumps(entry), file=sys.stderr, flush=True)
     shutil.rmtree(work)
     timings["total_s"] = time.perf_counter() - start
     result["timings"] = {k: round(v, 1) if isinstance(v, float) else v for k, v in timings.items()}

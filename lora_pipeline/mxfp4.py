@@ -89,11 +89,12 @@ def quantize_mxfp4(weight: torch.Tensor, scale: str = "round_up") -> tuple[torch
         code = _e2m1_codes(q, midpoints)
         if scale == "min_error":
             # At e - 1 the values are 2q (those beyond 6 clip to code 6); its squared error in units of 2**e is 1/4
-            # of that in units of 2**(e-1). Ties keep e.
+            # of that in units of 2**(e-1). A tie (the same values on both grids) takes the finer grid: for a merged
+            # model, the base's scale.
             code_down = _e2m1_codes(2 * q, midpoints)
             err = (values[code] - q).square().sum(-1)
             err_down = (values[code_down] - 2 * q).square().sum(-1) / 4
-            down = (err_down < err) & (exp > -_E8M0_BIAS)
+            down = (err_down <= err) & (exp > -_E8M0_BIAS)
             code = torch.where(down.unsqueeze(-1), code_down, code)
             exp = exp - down.to(exp.dtype)
         code = code.to(torch.uint8)

@@ -244,6 +244,11 @@ def test_min_error_scale_keeps_a_grown_groups_scale_and_never_does_worse():
     assert fit.tolist() == [6.0, 0.5, 1.5, -2.0, 3.0, -0.5] + [1.0] * 26
     assert up.tolist()[:6] == [6.0, 0.0, 2.0, -2.0, 3.0, 0.0]
     assert (fit - w).square().sum() < (up - w).square().sum() / 100
+    # Where both scales give the same values (all on the coarser grid too), min_error keeps the finer one.
+    w = torch.tensor([6.02, 1.0, 2.0, -3.0, 4.0, 0.0] + [1.0] * 26)
+    assert quantize_mxfp4(w)[1].item() == 128 and quantize_mxfp4(w, scale="min_error")[1].item() == 127
+    assert torch.equal(dequantize_mxfp4(*quantize_mxfp4(w), torch.float32),
+                       dequantize_mxfp4(*quantize_mxfp4(w, scale="min_error"), torch.float32))
     torch.manual_seed(6)
     w = torch.randn(512, 256) * torch.rand(512, 1) * 0.05
     err = {s: (dequantize_mxfp4(*quantize_mxfp4(w, scale=s), torch.float32) - w).square().view(512, 8, 32).sum(-1)
