@@ -273,13 +273,16 @@ def test_save_format_resolves_against_the_base_checkpoint(tiny_dir, tmp_path):
         merged_save_format("mxfp4", tmp_path)
 
 
-def _add_low_rank_deltas(model, relative: float, seed: int, rank: int = 4) -> None:
+ATTENTION = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
+
+
+def _add_low_rank_deltas(model, relative: float, seed: int, rank: int = 4, targets=EXPERT_PARAMS + ATTENTION) -> None:
     """W += A @ B (rank 4, ||A @ B|| = relative * ||W||) on the experts and attention projections: what a LoRA
     on them (target_modules all-linear, target_parameters the experts) merges."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith((*EXPERT_PARAMS, "q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")):
+            if name.endswith(targets):
                 delta = torch.randn(*p.shape[:-1], rank, generator=g) @ torch.randn(*p.shape[:-2], rank, p.shape[-1],
                                                                                    generator=g)
                 p += delta * (relative * p.norm() / delta.norm())
@@ -351,3 +354,17 @@ def test_merged_model_requantized_to_mxfp4(tiny_dir, tmp_path):
     assert size(tmp_path / "mxfp4") == size(tiny_dir)  # the base release's layout, key for key
     assert size(tmp_path / "mxfp4") < 0.5 * size(tmp_path / "bf16")
     assert json.loads((tmp_path / "mxfp4" / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"
+
+
+def test_lora_on_attention_only_leaves_the_experts_values_exactly(tiny_dir, tmp_path):
+    from lora_pipeline.mxfp4 import expert_values_changed
+
+    merged = load_mxfp4_dequantized(tiny_dir)
+    _add_low_rank_deltas(merged, relative=0.1, seed=2, targets=ATTENTION)
+    save_mxfp4_checkpoint(merged, tmp_path, scale="min_error")
+    # The same values (the bytes may differ: a group whose largest value rounded down to 3 * 2**e in the base is
+    # written with the smaller scale that now fits it).
+    assert expert_values_changed(tmp_path, tiny_dir) == 0.0
+    base, saved = load_file(tiny_dir / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+    assert base.keys() == saved.keys()
+    assert not torch.equal(base["model.layers.0.self_attn.q_proj.weight"], saved["model.layers.0.self_attn.q_proj.weight"])
