@@ -299,10 +299,11 @@ def _read(files: dict[str, Path], name: str) -> torch.Tensor:
         return f.get_tensor(name)
 
 
-def load_into(model, path) -> None:
+def load_into(model, path, device=None) -> None:
     """Overwrite `model`'s weights in place with those of the MXFP4 checkpoint at `path`, the experts dequantized
-    and every tensor cast to the model's dtype, as from_pretrained with Mxfp4Config(dequantize=True) loads them:
-    the saved model, in memory, without a second copy. Raises if a weight is missing, extra or of another shape."""
+    (on `device` if given) and every tensor cast to the model's dtype, as from_pretrained with
+    Mxfp4Config(dequantize=True) loads them: the saved model, in memory, without a second copy. Raises if a weight
+    is missing, extra or of another shape."""
     files = _checkpoint_files(path)
     state = model.state_dict()
     done = set()
@@ -314,7 +315,7 @@ def load_into(model, path) -> None:
             if target not in state:
                 raise ValueError(f"{path}: {name} is no weight of the model")
             if name.endswith("_blocks"):
-                blocks, scales = _read(files, name), _read(files, target + "_scales")
+                blocks, scales = (_read(files, n).to(device or "cpu") for n in (name, target + "_scales"))
                 value = dequantize_mxfp4(blocks, scales, dtype=torch.bfloat16).transpose(1, 2)
             else:
                 value = _read(files, name)
@@ -328,9 +329,9 @@ def load_into(model, path) -> None:
         raise ValueError(f"{path}: no weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
-def expert_values_changed(path, base) -> float | None:
-    """The fraction of expert weights whose (dequantized) value in the MXFP4 checkpoint at `path` differs from the
-    one in `base`; None if `base` stores no MXFP4 experts under the same names and shapes."""
+def expert_values_changed(path, base, device=None) -> float | None:
+    """The fraction of expert weights whose (dequantized, on `device` if given) value in the MXFP4 checkpoint at
+    `path` differs from the one in `base`; None if `base` stores no MXFP4 experts under the same names and shapes."""
     if not is_mxfp4_checkpoint(base):
         return None
     files, base_files = _checkpoint_files(path), _checkpoint_files(base)
@@ -339,8 +340,8 @@ def expert_values_changed(path, base) -> float | None:
         scales = name[:-len("_blocks")] + "_scales"
         if name not in base_files or scales not in base_files:
             return None
-        ours = dequantize_mxfp4(_read(files, name), _read(files, scales), dtype=torch.float32)
-        theirs = dequantize_mxfp4(_read(base_files, name), _read(base_files, scales), dtype=torch.float32)
+        ours, theirs = (dequantize_mxfp4(_read(f, name).to(device or "cpu"), _read(f, scales).to(device or "cpu"),
+                                         dtype=torch.float32) for f in (files, base_files))
         if ours.shape != theirs.shape:
             return None
         changed += int((ours != theirs).sum())

@@ -52,11 +52,11 @@ staged = staging_dir(MERGED)
 if save_format == "mxfp4":
     # min_error scales: a group whose largest weight the LoRA grew a little keeps its scale (see quantize_mxfp4).
     save_mxfp4_checkpoint(merged_model, staged, scale="min_error", device=device())
-    load_into(merged_model, staged)  # the model as saved, in place of the 16-bit one
+    load_into(merged_model, staged, device=device())  # the model as saved, in place of the 16-bit one
     with torch.no_grad():
         saved = merged_model(**batch).logits.float()
     metrics["mxfp4"] = compare_logits(merged, saved, mask)
-    changed = expert_values_changed(staged, BASE)
+    changed = expert_values_changed(staged, BASE, device=device())
     if changed is not None:
         metrics["mxfp4"]["expert_values_changed"] = changed
         if experts_trained and changed == 0:
