@@ -34,6 +34,7 @@ def validate_all(raw: dict, root: Path = ROOT) -> StageParams:
         lambda: check_machine(view.model, view.train),
         lambda: check_base_model(view.model, view.lora, root),
         lambda: check_quantization(view.model, view.quantization, view.train, root),
+        lambda: check_save_format(view.model, view.merge, root),
         lambda: check_eval(view.eval),
         lambda: check_register(view.register),
         lambda: check_gate_metric(view.register, view.eval),
@@ -245,6 +246,17 @@ def compute_dtype_problem(method: str, compute: str, dtype: str, sft) -> str | N
     if compute == "bfloat16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
         return f", but this GPU ({torch.cuda.get_device_name()}) has no bfloat16; allowed here: auto, float16, float32"
     return None
+
+
+def check_save_format(model, merge, root: Path = ROOT) -> None:
+    """merge.save_format: mxfp4 stores gpt-oss's MoE experts, so it needs a gpt-oss base (checked here where the base's
+    config is known before fetch; the merge stage checks models/base itself)."""
+    from lora_pipeline.mxfp4 import save_format_problem
+
+    config = base_model_config(model, root)
+    problem = save_format_problem(merge.save_format, config.model_type) if config is not None else None
+    if problem:
+        raise ValueError(problem)
 
 
 def module_kinds(names: list[str], parameters: bool = False) -> list[str]:

@@ -16,6 +16,11 @@ __all__ = [
     "quantize_mxfp4",
     "dequantize_mxfp4",
     "save_mxfp4_checkpoint",
+    "is_mxfp4_checkpoint",
+    "load_into",
+    "expert_values_changed",
+    "merged_save_format",
+    "compare_logits",
     "build_tiny_gpt_oss",
 ]
 
@@ -40,28 +45,34 @@ _EXPERT_PARAMS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 _ROWS_PER_CHUNK = 1 << 20  # groups of 32 handled at once: bounds the temporaries to a few hundred MiB
 
 
-def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_mxfp4(weight: torch.Tensor, scale: str = "round_up") -> tuple[torch.Tensor, torch.Tensor]:
     """weight [..., K] float (K % 32 == 0) -> (blocks uint8 [..., K/32, 16], scales uint8 [..., K/32]).
 
     The OCP MX FP4 (e2m1) layout that transformers' gpt-oss loader reads.
 
-    Each group of 32 consecutive values along the last dim shares the scale 2**e, e = scales - 127, with e the
-    smallest exponent such that max|w| <= 6 * 2**e (ROUND_UP, the default of triton_kernels'
-    downcast_to_mxfp_torch, which transformers' Mxfp4Quantize calls), so nothing is clipped. w / 2**e is rounded to
-    the nearest e2m1 value (ties to even code); byte j of a group holds value 2j in its low nibble and value 2j+1 in
-    its high nibble.
+    Each group of 32 consecutive values along the last dim shares the scale 2**e, e = scales - 127. With
+    scale="round_up", e is the smallest exponent such that max|w| <= 6 * 2**e (ROUND_UP, the default of
+    triton_kernels' downcast_to_mxfp_torch, which transformers' Mxfp4Quantize calls), so nothing is clipped.
+    scale="min_error" takes, per group, whichever of that e and e - 1 gives the smaller squared error, values beyond
+    6 * 2**(e-1) clipped to it: for weights already on an MXFP4 grid plus small changes (a merged LoRA), a group whose
+    largest value grew a little past 6 * 2**e keeps its scale instead of doubling it and losing a bit of precision in
+    all 32 values; on-grid weights encode exactly either way. w / 2**e is rounded to the nearest e2m1 value (ties to
+    even code); byte j of a group holds value 2j in its low nibble and value 2j+1 in its high nibble.
     """
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
         got = getattr(weight, "dtype", type(weight))
         raise TypeError(f"weight must be a floating point tensor, got {got}")
     if weight.ndim == 0 or weight.shape[-1] % MXFP4_BLOCK != 0:
         raise ValueError(f"weight's last dim must be a multiple of {MXFP4_BLOCK}, got shape {tuple(weight.shape)}")
+    if scale not in ("round_up", "min_error"):
+        raise ValueError(f"scale must be 'round_up' or 'min_error', got {scale!r}")
     *prefix, k = weight.shape
     groups = k // MXFP4_BLOCK
     flat = weight.detach().reshape(-1, MXFP4_BLOCK)
     blocks = torch.empty(flat.shape[0], MXFP4_BLOCK // 2, dtype=torch.uint8, device=weight.device)
     scales = torch.empty(flat.shape[0], dtype=torch.uint8, device=weight.device)
     midpoints = torch.tensor(_FP4_MIDPOINTS, dtype=torch.float32, device=weight.device)
+    values = torch.tensor(FP4_VALUES, dtype=torch.float32, device=weight.device)
     for r0 in range(0, flat.shape[0], _ROWS_PER_CHUNK):
         r1 = min(r0 + _ROWS_PER_CHUNK, flat.shape[0])
         x = flat[r0:r1].to(torch.float32)  # exact for bf16/fp16/fp32 input
@@ -73,17 +84,32 @@ def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         exp = power - 3 + (mantissa > 0.75).to(power.dtype)
         exp = torch.where(amax == 0, torch.full_like(exp, -_E8M0_BIAS), exp).clamp(-_E8M0_BIAS, _E8M0_BIAS)
         q = torch.ldexp(x, (-exp).unsqueeze(-1))  # exact: multiplication by a power of two, |q| <= 6
-        mag = q.abs()
-        # bucketize (right=False) gives code i with midpoints[i-1] < |q| <= midpoints[i]: a tie goes to the lower
-        # code; move it up where the lower code is odd, so ties land on the even code (round half to even).
-        code = torch.bucketize(mag, midpoints)
-        tie = (code % 2 == 1) & (mag == midpoints[code.clamp(max=len(_FP4_MIDPOINTS) - 1)])
-        code = code + tie.to(code.dtype)
-        code = code | (((q < 0) & (code > 0)).to(code.dtype) << 3)  # a value rounding to 0 is stored as +0
+        code = _e2m1_codes(q, midpoints)
+        if scale == "min_error":
+            # At e - 1 the values are 2q (those beyond 6 clip to code 6); its squared error in units of 2**e is 1/4
+            # of that in units of 2**(e-1). A tie (the same values on both grids) takes the finer grid: for a merged
+            # model, the base's scale.
+            code_down = _e2m1_codes(2 * q, midpoints)
+            err = (values[code] - q).square().sum(-1)
+            err_down = (values[code_down] - 2 * q).square().sum(-1) / 4
+            down = (err_down <= err) & (exp > -_E8M0_BIAS)
+            code = torch.where(down.unsqueeze(-1), code_down, code)
+            exp = exp - down.to(exp.dtype)
         code = code.to(torch.uint8)
         blocks[r0:r1] = code[:, 0::2] | (code[:, 1::2] << 4)
         scales[r0:r1] = (exp + _E8M0_BIAS).to(torch.uint8)
     return blocks.reshape(*prefix, groups, MXFP4_BLOCK // 2), scales.reshape(*prefix, groups)
+
+
+def _e2m1_codes(q: torch.Tensor, midpoints: torch.Tensor) -> torch.Tensor:
+    """Nearest e2m1 code (int64, bit 3 the sign) of each scaled value q; |q| beyond 6 gets +-6."""
+    mag = q.abs()
+    # bucketize (right=False) gives code i with midpoints[i-1] < |q| <= midpoints[i]: a tie goes to the lower
+    # code; move it up where the lower code is odd, so ties land on the even code (round half to even).
+    code = torch.bucketize(mag, midpoints)
+    tie = (code % 2 == 1) & (mag == midpoints[code.clamp(max=len(_FP4_MIDPOINTS) - 1)])
+    code = code + tie.to(code.dtype)
+    return code | (((q < 0) & (code > 0)).to(code.dtype) << 3)  # a value rounding to 0 is stored as +0
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -119,32 +145,67 @@ def _is_expert_param(name: str) -> bool:
     return name.endswith(_EXPERT_PARAMS)
 
 
-def _write_shards(tensors: dict[str, torch.Tensor], out_dir: Path, max_shard_bytes: int) -> None:
-    shards: list[dict[str, torch.Tensor]] = [{}]
+def _checkpoint_entries(model, scale: str, device) -> list[tuple[str, int, object]]:
+    """(key, bytes on disk, make) for every tensor an MXFP4 checkpoint of `model` holds, in state_dict order;
+    make() computes the tensor only when its shard is written. Tied weights (e.g. lm_head -> embed_tokens) once."""
+    entries, seen, cache = [], set(), {}
+
+    def expert(name, t, part):
+        def make():
+            if name not in cache:  # blocks and scales of one param come from one quantize call
+                cache.clear()
+                w = t.to(device) if device is not None else t  # quantized where it lives unless told otherwise
+                blocks, scales = quantize_mxfp4(w.transpose(1, 2), scale=scale)  # [E, in, out] -> disk [E, out, in]
+                cache[name] = {"blocks": blocks.contiguous().cpu(), "scales": scales.contiguous().cpu()}
+            return cache[name][part]
+        return make
+
+    def plain(t):
+        return lambda: (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous().cpu().clone()
+
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in seen and t.numel() > 0:
+            continue
+        seen.add(key)
+        t = t.detach()
+        if _is_expert_param(name):
+            if t.ndim != 3 or t.shape[1] % MXFP4_BLOCK:
+                raise ValueError(f"{name}: expected a 3-D [experts, in, out] tensor with `in` a multiple of "
+                                 f"{MXFP4_BLOCK}, got shape {tuple(t.shape)}")
+            entries.append((f"{name}_blocks", t.numel() // 2, expert(name, t, "blocks")))
+            entries.append((f"{name}_scales", t.numel() // MXFP4_BLOCK, expert(name, t, "scales")))
+        else:
+            size = 2 if t.is_floating_point() else t.element_size()
+            entries.append((name, t.numel() * size, plain(t)))
+    return entries
+
+
+def _write_shards(entries: list[tuple[str, int, object]], out_dir: Path, max_shard_bytes: int) -> None:
+    """Shards of at most max_shard_bytes (a larger tensor alone), each computed and written before the next: memory
+    holds one shard at a time. More than one shard gets a model.safetensors.index.json."""
+    shards: list[list[tuple[str, int, object]]] = [[]]
     size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
+    for entry in entries:
+        if shards[-1] and size + entry[1] > max_shard_bytes:
+            shards.append([])
             size = 0
-        shards[-1][name] = t
-        size += nbytes
+        shards[-1].append(entry)
+        size += entry[1]
     metadata = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], str(out_dir / "model.safetensors"), metadata=metadata)
-        return
     weight_map = {}
     for i, shard in enumerate(shards, start=1):
-        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out_dir / fname), metadata=metadata)
-        weight_map.update(dict.fromkeys(shard, fname))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        fname = "model.safetensors" if len(shards) == 1 else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({name: make() for name, _, make in shard}, str(out_dir / fname), metadata=metadata)
+        weight_map.update(dict.fromkeys((name for name, _, _ in shard), fname))
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(e[1] for e in entries)}, "weight_map": weight_map}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def save_mxfp4_checkpoint(model, out_dir, *, max_shard_size: int = 5 * 2**30) -> None:
-    """Save a GptOssForCausalLM (bf16) to out_dir as an MXFP4 checkpoint.
+def save_mxfp4_checkpoint(model, out_dir, *, max_shard_size: int = 5 * 2**30, scale: str = "round_up",
+                          device=None) -> None:
+    """Save a GptOssForCausalLM to out_dir as an MXFP4 checkpoint, one shard in memory at a time.
 
     Experts as blocks+scales, in the exact key names and orientation of the real openai/gpt-oss checkpoints;
     everything else bf16 safetensors; config.json with quantization_config {"quant_method": "mxfp4",
@@ -152,31 +213,15 @@ def save_mxfp4_checkpoint(model, out_dir, *, max_shard_size: int = 5 * 2**30) ->
 
     `<layer>.mlp.experts.gate_up_proj` [E, H, 2I] becomes `..._blocks` [E, 2I, H/32, 16] + `..._scales` [E, 2I, H/32];
     `down_proj` [E, I, H] becomes [E, H, I/32, 16] + [E, H, I/32]; the expert biases stay bf16. A tied lm_head is not
-    written twice. Shards above `max_shard_size` bytes get a model.safetensors.index.json.
+    written twice. Shards above `max_shard_size` bytes get a model.safetensors.index.json. `scale` is
+    quantize_mxfp4's; `device` (e.g. a GPU) is where each expert param is quantized, by default where it lives.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    seen: dict[tuple[int, tuple[int, ...]], str] = {}
-    n_experts = 0
-    for name, t in model.state_dict().items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key in seen and t.numel() > 0:  # tied weights (e.g. lm_head -> embed_tokens)
-            continue
-        seen[key] = name
-        t = t.detach()  # quantized where it lives: on a GPU a 20B model's experts take seconds, not minutes
-        if _is_expert_param(name):
-            if t.ndim != 3:
-                raise ValueError(f"{name}: expected a 3-D [experts, in, out] tensor, got shape {tuple(t.shape)}")
-            blocks, scales = quantize_mxfp4(t.transpose(1, 2))  # [E, in, out] -> on-disk [E, out, in]
-            tensors[f"{name}_blocks"] = blocks.contiguous().cpu()
-            tensors[f"{name}_scales"] = scales.contiguous().cpu()
-            n_experts += 1
-        else:
-            tensors[name] = (t.to(torch.bfloat16) if t.is_floating_point() else t).contiguous().cpu().clone()
-    if n_experts == 0:
+    entries = _checkpoint_entries(model, scale, device)
+    if not any(name.endswith("_blocks") and _is_expert_param(name[:-len("_blocks")]) for name, _, _ in entries):
         raise ValueError("no `mlp.experts.gate_up_proj` / `mlp.experts.down_proj` params found: not a gpt-oss model?")
-    _write_shards(tensors, out, max_shard_size)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_shards(entries, out, max_shard_size)
 
     config = copy.deepcopy(model.config)
     config.quantization_config = {
@@ -190,6 +235,116 @@ def save_mxfp4_checkpoint(model, out_dir, *, max_shard_size: int = 5 * 2**30) ->
     gen = getattr(model, "generation_config", None)
     if gen is not None:
         gen.save_pretrained(out)
+
+
+def save_format_problem(save_format: str, model_type: str) -> str | None:
+    """Why merge.save_format cannot be used with a base model of this type, or None."""
+    if save_format == "mxfp4" and model_type != "gpt_oss":
+        return (f"merge.save_format: mxfp4, but the base model ({model_type}) is not gpt-oss, whose MoE experts "
+                "(mlp.experts.gate_up_proj / down_proj) are what MXFP4 stores; allowed: auto, model_dtype")
+    return None
+
+
+def merged_save_format(save_format: str, base) -> str:
+    """'mxfp4' or 'model_dtype': what merge.save_format means for the base checkpoint folder `base` (auto: mxfp4
+    when the base stores its experts in MXFP4). ValueError naming the key if the base cannot be saved so."""
+    model_type = json.loads((Path(base) / "config.json").read_text()).get("model_type", "unknown")
+    problem = save_format_problem(save_format, model_type)
+    if problem:
+        raise ValueError(problem)
+    if save_format == "auto":
+        return "mxfp4" if is_mxfp4_checkpoint(base) else "model_dtype"
+    return save_format
+
+
+def compare_logits(reference: torch.Tensor, other: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+    """How far `other`'s logits [..., vocab] are from `reference`'s over the positions in `mask`: max and mean
+    |difference|, the max relative to the largest |reference logit|, and how often the top-1 tokens agree."""
+    ref, oth = reference.float(), other.float()
+    if mask is not None:
+        ref, oth = ref[mask.bool()], oth[mask.bool()]
+    diff = (ref - oth).abs()
+    return {"max_abs_logit_diff": diff.max().item(), "mean_abs_logit_diff": diff.mean().item(),
+            "relative_logit_diff": (diff.max() / ref.abs().max()).item(),
+            "top1_agreement": (ref.argmax(-1) == oth.argmax(-1)).float().mean().item()}
+
+
+def is_mxfp4_checkpoint(path) -> bool:
+    """Whether the checkpoint folder's config.json declares MXFP4 quantization (as openai/gpt-oss does)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    quantization = json.loads(config.read_text()).get("quantization_config") or {}
+    return quantization.get("quant_method") == "mxfp4"
+
+
+def _checkpoint_files(path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file of a checkpoint folder (one file, or sharded with an index) that holds it."""
+    folder = Path(path)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return {name: folder / fname for name, fname in json.loads(index.read_text())["weight_map"].items()}
+    from safetensors import safe_open
+
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        return dict.fromkeys(f.keys(), folder / "model.safetensors")
+
+
+def _read(files: dict[str, Path], name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(files[name], "pt") as f:
+        return f.get_tensor(name)
+
+
+def load_into(model, path, device=None) -> None:
+    """Overwrite `model`'s weights in place with those of the MXFP4 checkpoint at `path`, the experts dequantized
+    (on `device` if given) and every tensor cast to the model's dtype, as from_pretrained with
+    Mxfp4Config(dequantize=True) loads them: the saved model, in memory, without a second copy. Raises if a weight
+    is missing, extra or of another shape."""
+    files = _checkpoint_files(path)
+    state = model.state_dict()
+    done = set()
+    with torch.no_grad():
+        for name in files:
+            if name.endswith("_scales"):
+                continue
+            target = name[:-len("_blocks")] if name.endswith("_blocks") else name
+            if target not in state:
+                raise ValueError(f"{path}: {name} is no weight of the model")
+            if name.endswith("_blocks"):
+                blocks, scales = (_read(files, n).to(device or "cpu") for n in (name, target + "_scales"))
+                value = dequantize_mxfp4(blocks, scales, dtype=torch.bfloat16).transpose(1, 2)
+            else:
+                value = _read(files, name)
+            if tuple(value.shape) != tuple(state[target].shape):
+                raise ValueError(f"{path}: {name} has shape {tuple(value.shape)}, the model's "
+                                 f"{tuple(state[target].shape)}")
+            state[target].copy_(value)
+            done.add(state[target].untyped_storage().data_ptr())
+    missing = [n for n, t in state.items() if t.numel() and t.untyped_storage().data_ptr() not in done]
+    if missing:
+        raise ValueError(f"{path}: no weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def expert_values_changed(path, base, device=None) -> float | None:
+    """The fraction of expert weights whose (dequantized, on `device` if given) value in the MXFP4 checkpoint at
+    `path` differs from the one in `base`; None if `base` stores no MXFP4 experts under the same names and shapes."""
+    if not is_mxfp4_checkpoint(base):
+        return None
+    files, base_files = _checkpoint_files(path), _checkpoint_files(base)
+    changed = total = 0
+    for name in (n for n in files if n.endswith("_blocks")):
+        scales = name[:-len("_blocks")] + "_scales"
+        if name not in base_files or scales not in base_files:
+            return None
+        ours, theirs = (dequantize_mxfp4(_read(f, name).to(device or "cpu"), _read(f, scales).to(device or "cpu"),
+                                         dtype=torch.float32) for f in (files, base_files))
+        if ours.shape != theirs.shape:
+            return None
+        changed += int((ours != theirs).sum())
+        total += ours.numel()
+    return changed / total if total else None
 
 
 def build_tiny_gpt_oss(out_dir, **sizes) -> None:
@@ -291,3 +446,15 @@ def tiny_gpt_oss(
     torch.manual_seed(seed)
     return GptOssForCausalLM(config).to(torch.bfloat16).eval()
 
+
+def gpt_oss_20b_config(num_hidden_layers: int = 24, **overrides):
+    """openai/gpt-oss-20b's config.json as a GptOssConfig (full width; fewer layers or experts for cheap checks)."""
+    from transformers import GptOssConfig
+
+    fields = dict(num_hidden_layers=num_hidden_layers, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
+                  hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
+                  sliding_window=128, use_cache=False, tie_word_embeddings=False)
+    fields.update(overrides)
+    n = fields["num_hidden_layers"]
+    fields["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    return GptOssConfig(**fields)

@@ -180,6 +180,12 @@ class Lora(_Section):
         return self
 
 
+class Merge(_Section):
+    # auto: the base checkpoint's own format (MXFP4 experts for openai/gpt-oss, else model_dtype); mxfp4: gpt-oss's
+    # experts in MXFP4 and the rest bf16, as openai/gpt-oss is stored; model_dtype: every weight in model.dtype
+    save_format: Literal["auto", "mxfp4", "model_dtype"]
+
+
 class Mgsm(_Section):
     path: str  # folder of mgsm_<lang>.tsv files, "hub" for juletxara/mgsm, or empty to skip
     languages: list[str]
@@ -226,6 +232,7 @@ class Params(_Section):
     split: Split
     train: Train
     lora: Lora
+    merge: Merge
     eval: Eval
     register: Register
 

@@ -3,7 +3,10 @@
     python -m stages.merge
 Checks on a few held-out conversations that the merged model gives the adapted model's logits. An adapter trained
 on a 4/8-bit base (QLoRA) is merged into the unquantized weights too; how far that moves the logits from the
-trained model's is reported (metrics/merge.json: trained_relative_logit_diff).
+trained model's is reported (metrics/merge.json: trained_relative_logit_diff). With merge.save_format mxfp4
+(auto, for an MXFP4 base such as openai/gpt-oss) the experts are re-encoded to MXFP4 as the base stores them; the
+saved model is read back into memory and its logits compared with the 16-bit merged model's (metrics/merge.json:
+mxfp4.*).
 """
 import sys
 from pathlib import Path
@@ -13,7 +16,9 @@ from peft import PeftModel
 
 from lora_pipeline.chat import conversation
 from lora_pipeline.data import read_jsonl
-from lora_pipeline.modeling import BITSANDBYTES, load_model, load_tokenizer
+from lora_pipeline.modeling import BITSANDBYTES, device, load_model, load_tokenizer
+from lora_pipeline.mxfp4 import (compare_logits, expert_values_changed, load_into, merged_save_format,
+                                 save_mxfp4_checkpoint)
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json
 from lora_pipeline.params import load_params
 
@@ -24,10 +29,15 @@ TEST, METRICS = Path("data/split/test.jsonl"), Path("metrics/merge.json")
 RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
 
 params = load_params("merge")
+try:
+    save_format = merged_save_format(params.merge.save_format, BASE)  # before any model is loaded
+except ValueError as exc:
+    raise SystemExit(f"merge: {exc}") from None
 if not (ADAPTER / "adapter_model.safetensors").is_file():  # peft would fall back to a pickled adapter_model.bin
     sys.exit(f"merge: {ADAPTER}/adapter_model.safetensors not found; adapters are loaded from safetensors only")
 tokenizer = load_tokenizer(BASE, trust_remote_code=params.model.trust_remote_code)
 model = PeftModel.from_pretrained(load_model(BASE, params.model), ADAPTER).eval()
+experts_trained = bool(model.peft_config["default"].target_parameters)
 
 texts = [tokenizer.apply_chat_template(conversation(row), tokenize=False) for row in read_jsonl(TEST)[:4]]
 batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=128).to(model.device)
@@ -51,8 +61,24 @@ if params.quantization.method in BITSANDBYTES:  # the adapter over the 4/8-bit b
     del trained
 
 staged = staging_dir(MERGED)
-merged_model.save_pretrained(staged)
+if save_format == "mxfp4":
+    # min_error scales: a group whose largest weight the LoRA grew a little keeps its scale (see quantize_mxfp4).
+    save_mxfp4_checkpoint(merged_model, staged, scale="min_error", device=device())
+    load_into(merged_model, staged, device=device())  # the model as saved, in place of the 16-bit one
+    with torch.no_grad():
+        saved = merged_model(**batch).logits.float()
+    metrics["mxfp4"] = compare_logits(merged, saved, mask)
+    changed = expert_values_changed(staged, BASE, device=device())
+    if changed is not None:
+        metrics["mxfp4"]["expert_values_changed"] = changed
+        if experts_trained and changed == 0:
+            print("merge: the LoRA on the experts changed no MXFP4 value: its deltas are below MXFP4's resolution, "
+                  "so the saved experts are the base's; merge.save_format: model_dtype keeps them")
+else:
+    # A model loaded from MXFP4 with dequantize=True is saved as plain weights in model.dtype.
+    merged_model.config.__dict__.pop("quantization_config", None)
+    merged_model.save_pretrained(staged)
 tokenizer.save_pretrained(staged)
 replace_dir(staged, MERGED)
 write_json(METRICS, metrics)
-print(f"merged -> {MERGED}; {metrics}")
+print(f"merged ({save_format}) -> {MERGED}; {metrics}")

@@ -111,6 +111,8 @@ BAD = [
          "quantization.compute_dtype", "float16 for a bfloat16 model"),
     case({"quantization.method": "nf4", "quantization.compute_dtype": "float32", "train.sft.bf16": True},
          "quantization.compute_dtype", "runs the 4-bit layers' matmuls in bfloat16"),
+    case({"merge.save_format": "mxfp4"}, "merge.save_format", "(qwen2) is not gpt-oss"),
+    case({"merge.save_format": "fp8"}, "merge.save_format", "'fp8'"),
     # metrics the gate can read
     case({"register.gate_metric": "compliance.overall"}, "register.gate_metric", "'compliance.overall'"),
     case({"register.gate_metric": "eval.compliance.ja"}, "register.gate_metric", "'eval.compliance.ja'"),
@@ -160,6 +162,8 @@ def test_every_problem_is_reported_at_once():
      "lora.target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
     {"quantization.method": "nf4", "quantization.compute_dtype": "bfloat16", "quantization.double_quant": False},
     {"quantization.method": "int8", "train.accelerate_config": "cpu_ddp"},
+    {**GPT_OSS, "merge.save_format": "mxfp4"},
+    {"merge.save_format": "model_dtype"},
     # a Hub model not fetched yet: its architecture is unknown, so checked only once fetch has it
     {"model.source": "hub", "model.name": "org/model", "quantization.method": "mxfp4-dequantize"},
 ], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items()) or "shipped")

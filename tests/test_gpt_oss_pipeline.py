@@ -29,9 +29,15 @@ def test_tiny_mxfp4_gpt_oss_runs_the_whole_pipeline(tmp_path):
     adapter = json.loads((repo / "models/adapter/adapter_config.json").read_text())
     assert set(adapter["target_parameters"]) == {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}
     assert any(m.endswith("self_attn.q_proj") for m in adapter["target_modules"])  # all-linear: attention
+    # merge.save_format auto: the merged model is stored as the base is, experts in MXFP4 (LoRA deltas included)
     merged_config = json.loads((repo / "models/merged/config.json").read_text())
-    assert "quantization_config" not in merged_config  # the merge is saved dequantized
-    assert json.loads((repo / "metrics/merge.json").read_text())["relative_logit_diff"] < 1e-4
+    assert merged_config["quantization_config"] == base_config["quantization_config"]
+    assert (repo / "models/merged/model.safetensors").stat().st_size == \
+        (repo / "models/base/model.safetensors").stat().st_size
+    merge = json.loads((repo / "metrics/merge.json").read_text())
+    assert merge["relative_logit_diff"] < 1e-4
+    assert merge["mxfp4"]["expert_values_changed"] > 0.01, merge  # the trained experts' deltas survive re-encoding
+    assert merge["mxfp4"]["top1_agreement"] > 0.8, merge
 
     ev = json.loads((repo / "metrics/eval.json").read_text())
     assert ev["test"]["loss"] < 0.7 * ev["base"]["test"]["loss"], ev
