@@ -20,11 +20,13 @@ VOCAB = 96
 # As the recipe loads openai/gpt-oss-20b: bf16, MXFP4 experts dequantized (the pipeline's one loader).
 BF16 = SimpleNamespace(dtype="bfloat16", attn_implementation="sdpa", experts_implementation="eager",
                        trust_remote_code=False)
+FP32 = SimpleNamespace(dtype="float32", attn_implementation="sdpa", experts_implementation="eager",
+                       trust_remote_code=False)
 DEQUANTIZE = SimpleNamespace(method="mxfp4-dequantize")
 
 
-def load_mxfp4_dequantized(path):
-    return load_model(path, BF16, DEQUANTIZE)
+def load_mxfp4_dequantized(path, dtype=torch.bfloat16):
+    return load_model(path, FP32 if dtype == torch.float32 else BF16, DEQUANTIZE)
 EXPERT_PARAMS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 

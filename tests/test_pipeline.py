@@ -20,7 +20,8 @@ def test_repro_runs_every_stage_and_learns(repo):
     assert ran_stages(output) == STAGES
     for path in ["data/raw/data.jsonl", "data/split/train.jsonl", "models/base/config.json",
                  "models/adapter/adapter_config.json", "models/merged/model.safetensors", "reports/demo.txt",
-                 "reports/report.png", "plots/train_loss.csv", "plots/compliance.csv"]:
+                 "reports/report.png", "plots/train_loss.csv", "plots/compliance/base.csv",
+                 "plots/compliance/finetuned.csv"]:
         assert (repo / path).is_file(), path
     train = json.loads((repo / "metrics/train.json").read_text())
     merge = json.loads((repo / "metrics/merge.json").read_text())

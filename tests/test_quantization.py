@@ -131,8 +131,9 @@ def test_nf4_experiment_trains_on_a_4_bit_base_and_registers(repo):
         status = json.loads(run(["dvc", "status", "--json"], repo))
     assert sorted(status) == ["evaluate", "merge", "register", "train", "validate"], status
     for stage in ("train", "merge", "evaluate", "register"):  # each for its own params, not only train's outputs
-        assert any("params.yaml" in change.get("changed params", {}) for change in status[stage]
-                   if isinstance(change, dict)), status[stage]
+        # DVC lists a whole declared section under "changed deps", a single key under "changed params"
+        assert any("params.yaml" in change.get("changed params", change.get("changed deps", {}))
+                   for change in status[stage] if isinstance(change, dict)), status[stage]
     before = load_file(repo / "models/adapter/adapter_model.safetensors")
     registered = json.loads((repo / "models/registered.json").read_text())
 

