@@ -23,11 +23,10 @@ if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")  # wrap the model in nn.DataParallel, which SFTTrainer refuses
 
 import torch
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lora_pipeline.params import ParamsError, StageParams, validate  # noqa: E402
-from lora_pipeline.recipes import compose  # noqa: E402
+from lora_pipeline.recipes import apply_sets, compose  # noqa: E402
 
 METHODS = ("none", "nf4", "int8")
 WARM_STEPS = 2  # optimizer steps before the clock starts (allocations, kernel selection)
@@ -58,15 +57,10 @@ def benchmark_params(recipe: str, sets: list[str], method: str, steps: int) -> S
         raw = compose(recipe)
     except ParamsError as exc:
         raise SystemExit(f"--recipe: {exc}") from None
-    for item in sets:
-        key, sep, value = item.partition("=")
-        *parents, leaf = key.split(".")
-        node = raw
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not sep or not isinstance(node, dict):
-            raise SystemExit(f"--set {item}: expected KEY=VALUE with KEY a dotted params key")
-        node[leaf] = yaml.safe_load(value)
+    try:
+        apply_sets(raw, sets)
+    except ParamsError as exc:
+        raise SystemExit(str(exc)) from None
     raw["quantization"]["method"] = method
     raw["train"]["checkpoint_steps"] = 0
     raw["train"]["sft"] |= {"max_steps": WARM_STEPS + steps, "num_train_epochs": 1, "logging_steps": 1}

@@ -24,11 +24,10 @@ if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")  # wrap the model in nn.DataParallel, which SFTTrainer refuses
 
 import torch
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lora_pipeline.params import StageParams, validate  # noqa: E402
-from lora_pipeline.recipes import compose  # noqa: E402
+from lora_pipeline.recipes import apply_sets, compose  # noqa: E402
 from lora_pipeline.training import build_trainer  # noqa: E402
 
 # The seed baseline's standard workloads (same generator, same seeds).
@@ -71,7 +70,7 @@ def builtin_workload(n: int, seed: int) -> list[dict]:
 
 def build_checkpoint(arch: str, layers: int | None, out: Path) -> None:
     """Random-init model of the real config, saved as the train stage would find it in models/base."""
-    from transformers import GptOssConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
     from tokenizers import Tokenizer, models
 
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1, "<unk>": 2},
@@ -86,14 +85,10 @@ def build_checkpoint(arch: str, layers: int | None, out: Path) -> None:
             model = Qwen2ForCausalLM(cfg)
         model.save_pretrained(out)
     else:  # openai/gpt-oss-20b's config.json, experts written in MXFP4 like the released checkpoint
-        from lora_pipeline.mxfp4 import save_mxfp4_checkpoint
+        from lora_pipeline.mxfp4 import gpt_oss_20b_config, save_mxfp4_checkpoint
         from transformers import GptOssForCausalLM
 
-        n = layers or 24
-        cfg = GptOssConfig(num_hidden_layers=n, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
-                           hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64,
-                           num_key_value_heads=8, sliding_window=128, use_cache=False,
-                           layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)])
+        cfg = gpt_oss_20b_config(layers or 24)
         torch.set_default_dtype(torch.bfloat16)
         try:
             with torch.device("cuda"):
@@ -118,13 +113,6 @@ def active_params(model) -> int:
         share = config.num_experts_per_tok / config.num_local_experts if ".experts." in name else 1.0
         total += p.numel() * share
     return int(total)
-
-
-def set_key(tree: dict, dotted: str, value: str) -> None:
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        tree = tree[part]
-    tree[leaf] = yaml.safe_load(value)
 
 
 def main():
@@ -156,14 +144,13 @@ def main():
     from transformers import TrainerCallback
 
     state = PartialState()
-    raw = compose(args.recipe)
-    for key, value in (kv.split("=", 1) for kv in args.set):
-        set_key(raw, key, value)
+    raw = apply_sets(compose(args.recipe), args.set)
     warm = WARM_STEPS[args.arch]
     raw["train"]["checkpoint_steps"] = 0
     profiled = 3 if args.profile else 0
     raw["train"]["sft"] |= {"max_steps": warm + args.steps + profiled, "logging_steps": 1, "num_train_epochs": 1}
-    params = StageParams(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark", ["model", "quantization", "train", "lora"])
+    params = StageParams(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark",
+                         ["model", "quantization", "train", "lora"])
     checkpoint = Path(args.checkpoint)
     if state.is_main_process and not (checkpoint / "config.json").is_file():
         start = time.perf_counter()

@@ -62,6 +62,20 @@ def compose(name: str, root: Path = ROOT) -> dict:
     return composed
 
 
+def apply_sets(params: dict, sets: list[str]) -> dict:
+    """`KEY=VALUE` strings (a dotted params key, a YAML value) applied to a params tree, as a benchmark's --set."""
+    for item in sets:
+        key, sep, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = params
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not sep or not isinstance(node, dict):
+            raise ParamsError(f"--set {item}: expected KEY=VALUE with KEY a dotted params key")
+        node[leaf] = yaml.safe_load(value)
+    return params
+
+
 def override_value(value) -> str:
     """A value in the override grammar that `dvc exp run -S` parses (Hydra's): JSON, but with bare dict keys."""
     if isinstance(value, dict):
