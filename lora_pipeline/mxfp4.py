@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from lora_pipeline.outputs import write_json
+
 __all__ = [
     "FP4_VALUES",
     "MXFP4_BLOCK",
@@ -200,7 +202,7 @@ def _write_shards(entries: list[tuple[str, int, object]], out_dir: Path, max_sha
         weight_map.update(dict.fromkeys((name for name, _, _ in shard), fname))
     if len(shards) > 1:
         index = {"metadata": {"total_size": sum(e[1] for e in entries)}, "weight_map": weight_map}
-        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        write_json(out_dir / "model.safetensors.index.json", index)
 
 
 def save_mxfp4_checkpoint(model, out_dir, *, max_shard_size: int = 5 * 2**30, scale: str = "round_up",
