@@ -111,7 +111,7 @@ def active_params(model) -> int:
         if p is embed and not config.tie_word_embeddings:
             continue
         share = config.num_experts_per_tok / config.num_local_experts if ".experts." in name else 1.0
-        total += p.numel() * share
+        total += getattr(p, "ds_numel", p.numel()) * share  # DeepSpeed ZeRO-3 leaves a 0-element placeholder
     return int(total)
 
 
@@ -133,6 +133,10 @@ def main():
     parser.add_argument("--seed-result", help="the seed baseline's JSON lines from the same call: adds the ratio")
     parser.add_argument("--commit", default="", help="the project's git commit, recorded with the result")
     parser.add_argument("--out", help="append the JSON line to this file")
+    parser.add_argument("--block-mask", choices=["auto", "eager", "compiled"], default="auto",
+                        help="flex attention's block masks built eagerly or by torch.compile (auto: as the train stage)")
+    parser.add_argument("--save-adapter", metavar="DIR", help="after the steps, save the adapter as the train stage "
+                        "does (every process takes part: FSDP and DeepSpeed gather the shards)")
     parser.add_argument("--stacks-every", type=int, metavar="S", help="print every thread's Python stack every S "
                         "seconds (to find where a slow or stuck run spends its time)")
     args = parser.parse_args()
@@ -180,7 +184,7 @@ def main():
     rows = workload(**WORKLOADS[args.arch]) if args.workload == "standard" else builtin_workload(2000, 0)
     start = time.perf_counter()
     trainer, implementations = build_trainer(params, checkpoint, Dataset.from_list(rows), Path("/tmp/bench-out"),
-                                             callbacks=[Clock()])
+                                             callbacks=[Clock()], flex_block_mask=args.block_mask)
     inner = trainer.data_collator
     print(f"# rank {state.process_index}: model loaded and trainer built in {time.perf_counter() - start:.0f}s",
           flush=True)
@@ -200,6 +204,8 @@ def main():
     local = torch.tensor([k1 - k0, t1 - t0, torch.cuda.max_memory_allocated() / 2**30], device="cuda")
     gathered = trainer.accelerator.gather(local[None]).cpu()  # one row per process
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    if args.save_adapter:
+        trainer.save_model(args.save_adapter)
     if state.is_main_process:
         sft = trainer.args
         tokens_per_s = float(gathered[:, 0].sum() / gathered[:, 1].max())
@@ -207,6 +213,7 @@ def main():
         flops_per_gpu = 4 * n_active * tokens_per_s / state.num_processes  # LoRA: ~4 x active params per token
         row = {"recipe": args.recipe, "label": args.label, "arch": args.arch,
                "layers": args.layers or "full", "gpus": state.num_processes, "workload": args.workload,
+               "distributed": str(state.distributed_type).split(".")[-1],
                "tokens_per_s": round(tokens_per_s),
                "step_s": round(float(gathered[:, 1].max()) / args.steps, 3),
                "peak_gib": round(float(gathered[:, 2].max()), 1),

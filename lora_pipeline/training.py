@@ -49,8 +49,25 @@ def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTCon
     return args, levers
 
 
-def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=()) -> tuple[SFTTrainer, dict]:
-    """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs."""
+def build_block_masks_eagerly() -> None:
+    """Flex attention's block masks built without torch.compile. transformers compiles `create_block_mask` for every
+    new packed length; under several processes that compile kept gpt-oss-20b from finishing its first step in 6
+    minutes. Built eagerly, the mask is the same (it marks which 128 x 128 tiles attend), from a dense boolean
+    [length x length] pass on the GPU: a few milliseconds and, for a 32k-token packed batch, a transient gigabyte
+    or so. The attention kernel itself stays compiled."""
+    from torch.nn.attention import flex_attention
+    from transformers import masking_utils
+
+    def create_block_mask(*args, _compile=False, **kwargs):
+        return flex_attention.create_block_mask(*args, _compile=False, **kwargs)
+
+    masking_utils.create_block_mask = create_block_mask  # what transformers' flex_attention_mask calls
+
+
+def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
+                  flex_block_mask: str = "auto") -> tuple[SFTTrainer, dict]:
+    """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs.
+    flex_block_mask: eager, compiled, or auto (eager under several processes)."""
     args, levers = sft_args(params.train.sft.to_dict(), output_dir, params.train.checkpoint_steps)
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     model = load_model(base, params.model, params.quantization, device_map=training_device_map())
@@ -75,13 +92,18 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
             if isinstance(module, BaseTunerLayer):
                 module.cast_input_dtype_enabled = False
         levers["lora_input_cast"] = False
-    if model.config._attn_implementation == "flex_attention" and trainer.accelerator.num_processes > 1:
-        # DDP's graph splitter (DDPOptimizer) gets in the way of compiling flex attention's block mask (pytorch
-        # #137481): with it, gpt-oss-20b on 2 GPUs compiled for over 4 minutes without finishing a step. The
-        # compiled mask and attention hold no parameters, so there are no gradient buckets to split them by.
-        torch._dynamo.config.optimize_ddp = False
+    block_mask = None
+    if model.config._attn_implementation == "flex_attention":
+        if trainer.accelerator.num_processes > 1:
+            # DDP's graph splitter (DDPOptimizer) gets in the way of compiling flex attention (pytorch #137481). The
+            # compiled attention holds no parameters, so there are no gradient buckets to split it by.
+            torch._dynamo.config.optimize_ddp = False
+        block_mask = flex_block_mask if flex_block_mask != "auto" else (
+            "eager" if trainer.accelerator.num_processes > 1 else "compiled")
+        if block_mask == "eager":
+            build_block_masks_eagerly()
     record = {"quantization": params.quantization.method, "quantized_layers": quantized,
-              "attention": model.config._attn_implementation,
+              "attention": model.config._attn_implementation, "block_mask": block_mask,
               "experts": getattr(model.config, "_experts_implementation", None), "liger": liger, **levers}
     log.warning("training with %s", record)
     return trainer, record

@@ -1,0 +1,72 @@
+"""Check an adapter saved by a sharded run (FSDP2, DeepSpeed ZeRO-3) on a GPU: whole, trained, and mergeable.
+
+Loads the base with the train stage's loader (lora_pipeline.modeling.load_model), then the adapter with peft, which
+refuses any tensor whose shape differs from the model's (a shard, or ZeRO-3's empty placeholder). Reports the
+share of LoRA B matrices that training moved off zero, the largest relative difference to a reference adapter of the
+same LoRA (for example the same steps under plain DDP), and the merged model's logits against the adapted model's
+on random token ids, as the merge stage checks them.
+
+    python benchmarks/adapter_check.py --recipe gpt-oss-20b --base /tmp/bench-gpt-oss-20b --adapter /tmp/zero3 \
+        --reference /tmp/ddp --label zero3
+Prints one JSON line.
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+if "LOCAL_RANK" not in os.environ:
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lora_pipeline.modeling import load_model  # noqa: E402
+from lora_pipeline.params import StageParams, validate  # noqa: E402
+from lora_pipeline.recipes import apply_sets, compose  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", required=True)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--base", required=True, help="the base model folder the adapter was trained on")
+    parser.add_argument("--adapter", required=True)
+    parser.add_argument("--reference", help="another adapter of the same LoRA to compare with")
+    parser.add_argument("--label", default="")
+    parser.add_argument("--out", help="append the JSON line to this file")
+    args = parser.parse_args()
+
+    raw = apply_sets(compose(args.recipe), args.set)
+    params = StageParams(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark", ["model", "quantization"])
+    tensors = load_file(str(Path(args.adapter) / "adapter_model.safetensors"))
+    b_matrices = [t for name, t in tensors.items() if "lora_B" in name]
+    row = {"label": args.label, "adapter": args.adapter, "tensors": len(tensors),
+           "lora_parameters": sum(t.numel() for t in tensors.values()),
+           "empty_tensors": sum(t.numel() == 0 for t in tensors.values()),
+           "lora_b_trained": sum(bool(t.abs().max() > 0) for t in b_matrices) / max(len(b_matrices), 1)}
+    if args.reference:
+        reference = load_file(str(Path(args.reference) / "adapter_model.safetensors"))
+        row["same_names_as_reference"] = sorted(reference) == sorted(tensors)
+        row["max_relative_diff_to_reference"] = max(
+            ((tensors[k].float() - reference[k].float()).norm() / reference[k].float().norm().clamp(min=1e-12)).item()
+            for k in tensors if k in reference)
+
+    model = PeftModel.from_pretrained(load_model(args.base, params.model, params.quantization, device_map={"": 0}),
+                                      args.adapter).eval()  # raises on any shape that is not the model's
+    ids = torch.randint(3, model.config.vocab_size, (2, 256), generator=torch.Generator().manual_seed(0)).cuda()
+    with torch.no_grad():
+        adapted = model(input_ids=ids).logits.float()
+        merged = model.merge_and_unload()(input_ids=ids).logits.float()
+    row["merge_relative_logit_diff"] = ((adapted - merged).abs().max() / adapted.abs().max()).item()
+    print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
