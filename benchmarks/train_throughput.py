@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lora_pipeline.params import StageParams, validate  # noqa: E402
 from lora_pipeline.recipes import apply_sets, compose  # noqa: E402
-from lora_pipeline.training import build_trainer  # noqa: E402
+from lora_pipeline.training import build_trainer, save_adapter  # noqa: E402
 
 # The seed baseline's standard workloads (same generator, same seeds).
 WORKLOADS = {
@@ -204,8 +204,6 @@ def main():
     local = torch.tensor([k1 - k0, t1 - t0, torch.cuda.max_memory_allocated() / 2**30], device="cuda")
     gathered = trainer.accelerator.gather(local[None]).cpu()  # one row per process
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    if args.save_adapter:
-        trainer.save_model(args.save_adapter)
     if state.is_main_process:
         sft = trainer.args
         tokens_per_s = float(gathered[:, 0].sum() / gathered[:, 1].max())
@@ -234,6 +232,8 @@ def main():
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
+    if args.save_adapter:  # after the figures are out: gathering a sharded adapter is not part of the timed steps
+        save_adapter(trainer, Path(args.save_adapter))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from lora_pipeline.checkpoints import content_hash, hold_run_lock, last_complete
 from lora_pipeline.data import read_jsonl
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json, write_text
 from lora_pipeline.params import ROOT, load_params
-from lora_pipeline.training import LiveMetrics, StopOnSignal, build_trainer
+from lora_pipeline.training import LiveMetrics, StopOnSignal, build_trainer, save_adapter
 
 BASE, TRAIN, ADAPTER = Path("models/base"), Path("data/split/train.jsonl"), Path("models/adapter")
 METRICS, LOSS_LOG, SPEED = Path("metrics/train.json"), Path("plots/train_loss.csv"), Path("logs/train_speed.json")
@@ -70,7 +70,7 @@ def main():
 
     staged = staging_dir(ADAPTER) if rank0 else None
     trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(ADAPTER.with_name(f".{ADAPTER.name}.tmp")))  # every rank: FSDP/DeepSpeed gather here
+    save_adapter(trainer, ADAPTER.with_name(f".{ADAPTER.name}.tmp"))  # every rank: FSDP/DeepSpeed gather here
     if not rank0:
         return
     (staged / "training_args.bin").unlink(missing_ok=True)  # a pickle: nothing downstream needs to load it
