@@ -1,6 +1,10 @@
-"""Typed schema of params.yaml, and per-stage views that expose only the keys a stage declares in dvc.yaml."""
+"""Typed schema of params.yaml, per-stage views that expose only the keys a stage declares in dvc.yaml, and the
+check that params.yaml is still what the validate stage checked at the start of the run."""
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import warnings
 from pathlib import Path
@@ -10,6 +14,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 ROOT = Path(__file__).resolve().parents[1]
+# The digest of the params the validate stage last checked: no DVC output (a digest of every param would make
+# every stage re-run on any change), git-ignored like the rest of logs/.
+DIGEST = Path("logs/params_digest")
 
 
 class ParamsError(ValueError):
@@ -316,11 +323,65 @@ class StageParams:
 
 
 def load_params(stage: str, root: Path = ROOT) -> StageParams:
-    """Validate params.yaml as a whole, then return the view of it that `stage` may read."""
+    """Validate params.yaml as a whole, then return the view of it that `stage` may read. Run by DVC, a stage whose
+    params.yaml changed since the validate stage checked it stops first (see stop_if_changed_since_validate)."""
     path = root / "params.yaml"
     if not path.is_file():
         raise ParamsError(f"{path} not found")
-    return stage_view(validate(yaml.safe_load(path.read_text()), source=str(path.name)), stage, root)
+    text = path.read_text()
+    stop_if_changed_since_validate(stage, text, root)
+    return stage_view(validate(yaml.safe_load(text), source=str(path.name)), stage, root)
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader that also reads floats without a dot (1e-8) as floats, as DVC's YAML 1.2 parser does,
+    so that a digest sees the same values DVC compares."""
+
+
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+
+
+def params_digest(text: str) -> str:
+    """sha256 of params.yaml's values (not its bytes: comments and layout do not count), as validated when valid."""
+    return _values_digest(yaml.load(text, Loader=_Yaml12Loader))
+
+
+def _values_digest(raw) -> str:
+    try:
+        values = validate(raw).model_dump(mode="json")  # 1e-3 and 0.001, 1 and 1.0: one value, as DVC sees them
+    except ParamsError:
+        values = raw
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _lock_digest(root: Path) -> str | None:
+    """The digest of the params dvc.lock records for the validate stage (what it last ran with), if any."""
+    try:
+        lock = yaml.load((root / "dvc.lock").read_text(), Loader=_Yaml12Loader)
+        return _values_digest(lock["stages"]["validate"]["params"]["params.yaml"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+
+
+def stop_if_changed_since_validate(stage: str, text: str, root: Path = ROOT) -> None:
+    """Stop a stage that DVC runs (DVC sets DVC_STAGE) if params.yaml's values are neither those the validate stage
+    checked (logs/params_digest) nor those dvc.lock records for it: another `dvc exp run -S` (which writes its
+    values into params.yaml before DVC's lock stops it) or an edit changed them during this run, and this stage
+    would mix them into the run's result. A normal edit is never stopped: any change of a value re-runs validate
+    first (it tracks every section, and is never restored from DVC's run cache: its output persists); when
+    validate is up to date (say, after `dvc exp apply`), dvc.lock records exactly the values in params.yaml."""
+    recorded = root / DIGEST
+    if not os.environ.get("DVC_STAGE") or stage == "validate" or not recorded.is_file():
+        return
+    now = params_digest(text)
+    if now == recorded.read_text().strip() or now == _lock_digest(root):
+        return
+    raise SystemExit(
+        f"{stage}: params.yaml changed after validate checked it at the start of this run (another `dvc exp run`, or "
+        "an edit, during the run); stopped before any work so that no result mixes two sets of params. Run "
+        "experiments side by side with `dvc exp run --queue` then `dvc exp run --run-all`, or re-run when no other "
+        "run is going (params.yaml now holds the other values).")
 
 
 def stage_view(params: Params, stage: str, root: Path = ROOT) -> StageParams:

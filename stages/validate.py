@@ -3,7 +3,9 @@
     python -m stages.validate
 Runs before every other stage, which all depend on its output. That output's content never changes, so a
 valid change re-runs only the stages that read the changed keys; an invalid one stops the pipeline here,
-naming each bad key, before any stage has removed its previous outputs.
+naming each bad key, before any stage has removed its previous outputs. The digest of the params it checked goes
+to logs/params_digest (no DVC output): each later stage of the run compares params.yaml with it before any work
+(lora_pipeline.params.stop_if_changed_since_validate).
 """
 import sys
 from pathlib import Path
@@ -11,14 +13,17 @@ from pathlib import Path
 import yaml
 
 from lora_pipeline.checks import validate_all
-from lora_pipeline.params import ROOT, ParamsError
+from lora_pipeline.outputs import write_text
+from lora_pipeline.params import DIGEST, ROOT, ParamsError, params_digest
 
 OUT = Path("data/params.ok")
 
+text = (ROOT / "params.yaml").read_text()
 try:
-    validate_all(yaml.safe_load((ROOT / "params.yaml").read_text()))
+    validate_all(yaml.safe_load(text))
 except ParamsError as exc:
     sys.exit(f"validate: {exc}")
+write_text(ROOT / DIGEST, params_digest(text) + "\n")
 OUT.parent.mkdir(exist_ok=True)
 OUT.write_text("params.yaml is valid\n")
 print("params.yaml is valid")

@@ -1,10 +1,15 @@
-"""params.yaml validation and the per-stage views of it."""
+"""params.yaml validation, the per-stage views of it, and the stop when it changes during a run."""
+import subprocess
+import sys
+
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, copy_repo, run_env, set_params
+from lora_pipeline.builtin_data import generate
 from lora_pipeline.checks import check_library_fields
-from lora_pipeline.params import ParamsError, StageParams, declared_keys, load_params, validate
+from lora_pipeline.data import write_jsonl
+from lora_pipeline.params import ParamsError, StageParams, declared_keys, load_params, params_digest, validate
 
 STAGES = list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
 
@@ -121,3 +126,61 @@ def test_to_dict_needs_every_leaf_declared(tmp_path):
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc))
     with pytest.raises(ParamsError, match=r"train\.sft\.num_train_epochs"):
         load_params("train", root=tmp_path).train.sft.to_dict()
+
+
+def run_stage(repo, name):
+    """A stage's command as DVC runs it: DVC sets DVC_STAGE for each."""
+    return subprocess.run([sys.executable, "-m", f"stages.{name}"], cwd=repo, env=run_env(DVC_STAGE=name),
+                          capture_output=True, text=True)
+
+
+def files(repo) -> dict:
+    return {p: p.read_bytes() for p in repo.rglob("*")
+            if p.is_file() and not {".git", "__pycache__"} & set(p.relative_to(repo).parts)}
+
+
+def test_stage_stops_when_params_changed_after_validate_checked_them(tmp_path, monkeypatch):
+    """A second `dvc exp run -S` writes params.yaml before DVC's lock stops it (or params.yaml is edited) while a
+    run goes: that run's next stage stops with one line before any work. An edit that validate checked runs, and so
+    does params.yaml back at what dvc.lock records (`dvc exp apply`, `git checkout params.yaml dvc.lock`)."""
+    repo = copy_repo(tmp_path / "repo")
+    shipped_text = (repo / "params.yaml").read_text()
+    lock = {"schema": "2.0", "stages": {"validate": {"params": {"params.yaml": yaml.safe_load(shipped_text)}}}}
+    (repo / "dvc.lock").write_text(yaml.safe_dump(lock))  # validate last ran on the shipped params
+    write_jsonl(generate(40, seed=0), repo / "data/raw/data.jsonl")  # what fetch writes
+    assert run_stage(repo, "validate").returncode == 0  # the run starts: validate checks params.yaml
+    set_params(repo, **{"split.seed": 7})  # another experiment's -S lands in params.yaml
+    before = files(repo)
+    proc = run_stage(repo, "split")
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
+        "split: params.yaml changed after validate checked it at the start of this run (another `dvc exp run`, or "
+        "an edit, during the run)"), proc.stderr
+    assert "`dvc exp run --queue` then `dvc exp run --run-all`" in proc.stderr
+    assert files(repo) == before  # nothing written
+    # the same edit made before a run: validate (which every params change re-runs) checks it first
+    assert run_stage(repo, "validate").returncode == 0
+    proc = run_stage(repo, "split")
+    assert proc.returncode == 0, proc.stderr
+    assert (repo / "data/split/train.jsonl").is_file()
+    # back at the values dvc.lock records for validate, which is up to date and does not run: nothing stops
+    (repo / "params.yaml").write_text(shipped_text.replace("# Every knob", "# Each knob"))  # comments do not count
+    monkeypatch.setenv("DVC_STAGE", "split")
+    assert load_params("split", root=repo).split.seed == yaml.safe_load(shipped_text)["split"]["seed"]
+    set_params(repo, **{"split.seed": 8})  # neither what validate checked nor what dvc.lock records
+    with pytest.raises(SystemExit, match=r"^split: params\.yaml changed after validate"):
+        load_params("split", root=repo)
+    # not run by DVC (a stage run by hand, a launcher on another node): nothing to compare with
+    monkeypatch.delenv("DVC_STAGE")
+    assert load_params("split", root=repo).split.seed == 8
+
+
+def test_params_digest_counts_values_as_dvc_reads_them():
+    """Comments, layout and the spelling of a number do not change the digest (DVC's YAML reads 1e-8 as a float,
+    and dvc.lock records it as 1.0e-08); a value does."""
+    text = (ROOT / "params.yaml").read_text()
+    assert "learning_rate: 0.005" in text and "lora_dropout: 0.05" in text
+    extra = text.replace("    learning_rate: 0.005", "    learning_rate: 0.005\n    adam_epsilon: 1.0e-08")
+    respelt = text.replace("    learning_rate: 0.005", "    learning_rate: 5e-3   # respelt\n    adam_epsilon: 1e-8")
+    assert params_digest(respelt) == params_digest(extra) != params_digest(text)
+    assert params_digest(text.replace("lora_dropout: 0.05", "lora_dropout: 0.1")) != params_digest(text)

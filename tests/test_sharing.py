@@ -1,5 +1,6 @@
 """Sharing and parallel experiments on the reproduced pipeline: a DVC remote and a fresh clone, an experiment pushed
-and pulled through a git and a DVC remote, and queued experiments that run without mixing params."""
+and pulled through a git and a DVC remote, and queued and --temp experiments that run without mixing params or
+touching the workspace's."""
 import json
 
 import pytest
@@ -88,7 +89,7 @@ def test_queued_experiments_keep_their_own_params_and_results(queued):
 
     repo, before, after, output = queued
     assert after == before  # the workspace's params.yaml is untouched by the queue
-    # each ran evaluate and register only (validate may come from DVC's run cache)
+    # each ran evaluate and register only, after validate (which checks every params change)
     assert sorted(s for s in ran_stages(output) if s != "validate") == ["evaluate"] * 2 + ["register"] * 2, output
     shown = experiments(repo)
     client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
@@ -128,3 +129,21 @@ def test_experiment_pushed_to_git_and_dvc_remotes_pulls_into_a_fresh_clone(queue
     assert heldout_generations(clone / "reports/generations.jsonl") == 2 * 5
     assert (clone / "models/merged/model.safetensors").is_file()
     assert ran_stages(run(["dvc", "repro"], clone)) == []
+
+
+def test_temp_experiment_runs_in_a_copy_and_leaves_the_workspace_as_it_was(repo):
+    """`dvc exp run --temp` runs in a copy under .dvc/tmp/exps: the workspace's params.yaml (and dvc.lock, and its
+    outputs) stay byte for byte, and the experiment shows in `dvc exp show` with its own params and results. The
+    cheapest change that still runs a stage: register.model_name re-runs register only, after validate."""
+    repo, _ = repo
+    kept = {path: (repo / path).read_bytes() for path in ("params.yaml", "dvc.lock", "models/registered.json")}
+    output = run(["dvc", "exp", "run", "--temp", "-n", "temp-run", "-S", "register.model_name=lora-temp"], repo)
+    assert sorted(ran_stages(output)) == ["register", "validate"], output
+    assert {path: (repo / path).read_bytes() for path in kept} == kept
+    shown = experiments(repo)
+    assert "temp-run" in shown, list(shown)
+    data = shown["temp-run"]["data"]
+    assert data["params"]["params.yaml"]["data"]["register"]["model_name"] == "lora-temp"
+    assert "compliance" in data["metrics"]["metrics/eval.json"]["data"]
+    registered = json.loads(run(["git", "show", f"{shown['temp-run']['rev']}:models/registered.json"], repo))
+    assert registered["model_name"] == "lora-temp" and registered["version"] == 1
