@@ -381,7 +381,8 @@ def stop_if_changed_since_validate(stage: str, text: str, root: Path = ROOT) -> 
         f"{stage}: params.yaml changed after validate checked it at the start of this run (another `dvc exp run`, or "
         "an edit, during the run); stopped before any work so that no result mixes two sets of params. Run "
         "experiments side by side with `dvc exp run --queue` then `dvc exp run --run-all`, or re-run when no other "
-        "run is going (params.yaml now holds the other values).")
+        "run is going (params.yaml now holds the other values). A single stage run with `dvc repro -s` after an edit "
+        "skips validate: run `dvc repro` instead.")
 
 
 def stage_view(params: Params, stage: str, root: Path = ROOT) -> StageParams:

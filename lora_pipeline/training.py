@@ -50,11 +50,11 @@ def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTCon
 
 
 def build_block_masks_eagerly() -> None:
-    """Flex attention's block masks built without torch.compile. transformers compiles `create_block_mask` for every
-    new packed length; under several processes that compile kept gpt-oss-20b from finishing its first step in 6
-    minutes. Built eagerly, the mask is the same (it marks which 128 x 128 tiles attend), from a dense boolean
-    [length x length] pass on the GPU: a few milliseconds and, for a 32k-token packed batch, a transient gigabyte
-    or so. The attention kernel itself stays compiled."""
+    """Flex attention's block masks built without torch.compile; the attention kernel itself stays compiled.
+    transformers compiles `create_block_mask` for each new packed length: gpt-oss-20b's first step took 62 s on one
+    GPU, and on two (DDP) no step finished in 6 minutes. Built eagerly (a dense boolean pass over the packed
+    length, the same tiles marked; transiently about 10 bytes per element, 3.6 GB for a 19k-token packed batch), the
+    first step takes about 21 s on one GPU and 20-25 s on two, and the timed steps run as fast (docs/performance.md)."""
     from torch.nn.attention import flex_attention
     from transformers import masking_utils
 
@@ -67,7 +67,8 @@ def build_block_masks_eagerly() -> None:
 def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
                   flex_block_mask: str = "auto") -> tuple[SFTTrainer, dict]:
     """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs.
-    flex_block_mask: eager, compiled, or auto (eager under several processes)."""
+    flex_block_mask: how flex attention's block masks are built: eager, compiled, or auto (eager under several
+    processes)."""
     args, levers = sft_args(params.train.sft.to_dict(), output_dir, params.train.checkpoint_steps)
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     model = load_model(base, params.model, params.quantization, device_map=training_device_map())
@@ -98,6 +99,7 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
             # DDP's graph splitter (DDPOptimizer) gets in the way of compiling flex attention (pytorch #137481). The
             # compiled attention holds no parameters, so there are no gradient buckets to split it by.
             torch._dynamo.config.optimize_ddp = False
+        # One process: compiled masks, measured as fast for both recipes. Several: eager, where compiled ones stalled.
         block_mask = flex_block_mask if flex_block_mask != "auto" else (
             "eager" if trainer.accelerator.num_processes > 1 else "compiled")
         if block_mask == "eager":
