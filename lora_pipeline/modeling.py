@@ -46,9 +46,10 @@ BITSANDBYTES = ("nf4", "int8")  # quantization.method values that freeze the bas
 
 
 def stored_quantization(config) -> str | None:
-    """The quant_method a checkpoint's config.json declares (e.g. mxfp4 for openai/gpt-oss-20b), None for plain
-    weights."""
-    declared = getattr(config, "quantization_config", None)
+    """The quant_method a checkpoint's config declares (e.g. mxfp4 for openai/gpt-oss-20b), None for plain weights;
+    `config`: a transformers config or config.json's contents."""
+    declared = config.get("quantization_config") if isinstance(config, dict) else getattr(config, "quantization_config",
+                                                                                           None)
     if declared is None:
         return None
     method = declared.get("quant_method") if isinstance(declared, dict) else getattr(declared, "quant_method", None)

@@ -273,11 +273,10 @@ def compare_logits(reference: torch.Tensor, other: torch.Tensor, mask: torch.Ten
 
 def is_mxfp4_checkpoint(path) -> bool:
     """Whether the checkpoint folder's config.json declares MXFP4 quantization (as openai/gpt-oss does)."""
+    from lora_pipeline.modeling import stored_quantization
+
     config = Path(path) / "config.json"
-    if not config.is_file():
-        return False
-    quantization = json.loads(config.read_text()).get("quantization_config") or {}
-    return quantization.get("quant_method") == "mxfp4"
+    return config.is_file() and stored_quantization(json.loads(config.read_text())) == "mxfp4"
 
 
 def _checkpoint_files(path) -> dict[str, Path]:
