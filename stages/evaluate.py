@@ -23,20 +23,13 @@ REPORTS = Path("reports")
 DEMO = [{"role": "system", "content": "reasoning language: German"},
         {"role": "user", "content": "¿Cuál es el capital de Australia?"}]
 
-params = load_params("evaluate")
-ev = params.eval
-check_eval(ev)  # every input, before loading a model
-test_rows = read_jsonl(TEST)
-heldout = [conversation(r) for r in test_rows[: ev.loss_rows or None]]
-questions = [r for r in test_rows if any(m["role"] == "user" for m in r["messages"])][: ev.prompts]
-
-
 def user_question(row):
     return next(m["content"] for m in row["messages"] if m["role"] == "user")
 
 
-def evaluate(model, tokenizer):
-    """Every measure for one model; returns (metrics, generation records)."""
+def evaluate(model, tokenizer, ev, heldout: list, questions: list):
+    """Every measure for one model (the `eval` params `ev`; held-out conversations for the loss, test rows to ask);
+    returns (metrics, generation records)."""
     gen = dict(max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size, do_sample=ev.do_sample)
     metrics = {"test": heldout_loss(model, tokenizer, heldout, max_length=2048, batch_size=ev.batch_size)}
 
@@ -83,30 +76,41 @@ def evaluate(model, tokenizer):
     return metrics, records
 
 
-models = {"finetuned": MERGED} | ({"base": BASE} if ev.include_base else {})
-results, transcripts = {}, []
-for name, path in models.items():
-    tokenizer = load_tokenizer(path, trust_remote_code=params.model.trust_remote_code)
-    # The base as it was trained (quantization params); the merged model in full precision, as saved.
-    model = load_model(path, params.model, params.quantization if name == "base" else None).to(device()).eval()
-    torch.manual_seed(0)
-    metrics, records = evaluate(model, tokenizer)
-    results[name] = metrics
-    for record in records:
-        record["model"] = name
-    transcripts += records
-    del model
+def main():
+    params = load_params("evaluate")
+    ev = params.eval
+    check_eval(ev)  # every input, before loading a model
+    test_rows = read_jsonl(TEST)
+    heldout = [conversation(r) for r in test_rows[: ev.loss_rows or None]]
+    questions = [r for r in test_rows if any(m["role"] == "user" for m in r["messages"])][: ev.prompts]
+    models = {"finetuned": MERGED} | ({"base": BASE} if ev.include_base else {})
+    results, transcripts = {}, []
+    for name, path in models.items():
+        tokenizer = load_tokenizer(path, trust_remote_code=params.model.trust_remote_code)
+        # The base as it was trained (quantization params); the merged model in full precision, as saved.
+        model = load_model(path, params.model, params.quantization if name == "base" else None).to(device()).eval()
+        torch.manual_seed(0)
+        metrics, records = evaluate(model, tokenizer, ev, heldout, questions)
+        results[name] = metrics
+        for record in records:
+            record["model"] = name
+        transcripts += records
+        del model
 
-metrics = results["finetuned"] | ({"base": results["base"]} if "base" in results else {})
-write_json(METRICS, metrics)
-write_compliance(results, COMPLIANCE)
-write_jsonl(transcripts, REPORTS / "generations.jsonl")
-demo_lines = []
-for record in (r for r in transcripts if r["set"] == "demo"):
-    reasoning, final = split_reasoning(record["generated"])
-    demo_lines += [f"== {record['model']} model ==", "system: reasoning language: German",
-                   "user: ¿Cuál es el capital de Australia?", f"reasoning ({detect_language(reasoning)}): {reasoning}",
-                   f"final ({detect_language(final)}): {final}", f"raw: {record['generated']}", ""]
-write_text(REPORTS / "demo.txt", "\n".join(demo_lines))
-plot_report(LOSS_LOG, results, REPORTS)
-print(json.dumps(metrics, indent=2))
+    metrics = results["finetuned"] | ({"base": results["base"]} if "base" in results else {})
+    write_json(METRICS, metrics)
+    write_compliance(results, COMPLIANCE)
+    write_jsonl(transcripts, REPORTS / "generations.jsonl")
+    demo_lines = []
+    for record in (r for r in transcripts if r["set"] == "demo"):
+        reasoning, final = split_reasoning(record["generated"])
+        demo_lines += [f"== {record['model']} model ==", "system: reasoning language: German",
+                       "user: ¿Cuál es el capital de Australia?", f"reasoning ({detect_language(reasoning)}): {reasoning}",
+                       f"final ({detect_language(final)}): {final}", f"raw: {record['generated']}", ""]
+    write_text(REPORTS / "demo.txt", "\n".join(demo_lines))
+    plot_report(LOSS_LOG, results, REPORTS)
+    print(json.dumps(metrics, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -28,57 +28,63 @@ TEST, METRICS = Path("data/split/test.jsonl"), Path("metrics/merge.json")
 # only rounding, which is ~1e-7 in float32 and ~1e-3..1e-2 in 16-bit formats.
 RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
 
-params = load_params("merge")
-try:
-    save_format = merged_save_format(params.merge.save_format, BASE)  # before any model is loaded
-except ValueError as exc:
-    raise SystemExit(f"merge: {exc}") from None
-if not (ADAPTER / "adapter_model.safetensors").is_file():  # peft would fall back to a pickled adapter_model.bin
-    sys.exit(f"merge: {ADAPTER}/adapter_model.safetensors not found; adapters are loaded from safetensors only")
-tokenizer = load_tokenizer(BASE, trust_remote_code=params.model.trust_remote_code)
-model = PeftModel.from_pretrained(load_model(BASE, params.model), ADAPTER).eval()
-experts_trained = bool(model.peft_config["default"].target_parameters)
 
-texts = [tokenizer.apply_chat_template(conversation(row), tokenize=False) for row in read_jsonl(TEST)[:4]]
-batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=128).to(model.device)
-with torch.no_grad():
-    adapted = model(**batch).logits.float()
-    merged_model = model.merge_and_unload()
-    merged = merged_model(**batch).logits.float()
-mask = batch["attention_mask"].bool()
-max_diff = (adapted - merged).abs()[mask].max().item()
-relative = max_diff / adapted.abs()[mask].max().item()
-if relative > RELATIVE_TOLERANCE[params.model.dtype]:
-    raise SystemExit(f"merged logits differ from the adapted model's by {max_diff:.3g} "
-                     f"({relative:.3g} relative, tolerance {RELATIVE_TOLERANCE[params.model.dtype]})")
-metrics = {"max_abs_logit_diff": max_diff, "relative_logit_diff": relative}
-if params.quantization.method in BITSANDBYTES:  # the adapter over the 4/8-bit base it was trained on
-    trained = PeftModel.from_pretrained(load_model(BASE, params.model, params.quantization), ADAPTER).eval()
-    with torch.no_grad():
-        trained_logits = trained(**batch.to(trained.device)).logits.float().to(merged.device)
-    metrics["trained_relative_logit_diff"] = ((trained_logits - merged).abs()[mask].max() /
-                                              trained_logits.abs()[mask].max()).item()
-    del trained
+def main():
+    params = load_params("merge")
+    try:
+        save_format = merged_save_format(params.merge.save_format, BASE)  # before any model is loaded
+    except ValueError as exc:
+        raise SystemExit(f"merge: {exc}") from None
+    if not (ADAPTER / "adapter_model.safetensors").is_file():  # peft would fall back to a pickled adapter_model.bin
+        sys.exit(f"merge: {ADAPTER}/adapter_model.safetensors not found; adapters are loaded from safetensors only")
+    tokenizer = load_tokenizer(BASE, trust_remote_code=params.model.trust_remote_code)
+    model = PeftModel.from_pretrained(load_model(BASE, params.model), ADAPTER).eval()
+    experts_trained = bool(model.peft_config["default"].target_parameters)
 
-staged = staging_dir(MERGED)
-if save_format == "mxfp4":
-    # min_error scales: a group whose largest weight the LoRA grew a little keeps its scale (see quantize_mxfp4).
-    save_mxfp4_checkpoint(merged_model, staged, scale="min_error", device=device())
-    load_into(merged_model, staged, device=device())  # the model as saved, in place of the 16-bit one
+    texts = [tokenizer.apply_chat_template(conversation(row), tokenize=False) for row in read_jsonl(TEST)[:4]]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=128).to(model.device)
     with torch.no_grad():
-        saved = merged_model(**batch).logits.float()
-    metrics["mxfp4"] = compare_logits(merged, saved, mask)
-    changed = expert_values_changed(staged, BASE, device=device())
-    if changed is not None:
-        metrics["mxfp4"]["expert_values_changed"] = changed
-        if experts_trained and changed == 0:
-            print("merge: the LoRA on the experts changed no MXFP4 value: its deltas are below MXFP4's resolution, "
-                  "so the saved experts are the base's; merge.save_format: model_dtype keeps them")
-else:
-    # A model loaded from MXFP4 with dequantize=True is saved as plain weights in model.dtype.
-    merged_model.config.__dict__.pop("quantization_config", None)
-    merged_model.save_pretrained(staged)
-tokenizer.save_pretrained(staged)
-replace_dir(staged, MERGED)
-write_json(METRICS, metrics)
-print(f"merged ({save_format}) -> {MERGED}; {metrics}")
+        adapted = model(**batch).logits.float()
+        merged_model = model.merge_and_unload()
+        merged = merged_model(**batch).logits.float()
+    mask = batch["attention_mask"].bool()
+    max_diff = (adapted - merged).abs()[mask].max().item()
+    relative = max_diff / adapted.abs()[mask].max().item()
+    if relative > RELATIVE_TOLERANCE[params.model.dtype]:
+        raise SystemExit(f"merged logits differ from the adapted model's by {max_diff:.3g} "
+                         f"({relative:.3g} relative, tolerance {RELATIVE_TOLERANCE[params.model.dtype]})")
+    metrics = {"max_abs_logit_diff": max_diff, "relative_logit_diff": relative}
+    if params.quantization.method in BITSANDBYTES:  # the adapter over the 4/8-bit base it was trained on
+        trained = PeftModel.from_pretrained(load_model(BASE, params.model, params.quantization), ADAPTER).eval()
+        with torch.no_grad():
+            trained_logits = trained(**batch.to(trained.device)).logits.float().to(merged.device)
+        metrics["trained_relative_logit_diff"] = ((trained_logits - merged).abs()[mask].max() /
+                                                  trained_logits.abs()[mask].max()).item()
+        del trained
+
+    staged = staging_dir(MERGED)
+    if save_format == "mxfp4":
+        # min_error scales: a group whose largest weight the LoRA grew a little keeps its scale (see quantize_mxfp4).
+        save_mxfp4_checkpoint(merged_model, staged, scale="min_error", device=device())
+        load_into(merged_model, staged, device=device())  # the model as saved, in place of the 16-bit one
+        with torch.no_grad():
+            saved = merged_model(**batch).logits.float()
+        metrics["mxfp4"] = compare_logits(merged, saved, mask)
+        changed = expert_values_changed(staged, BASE, device=device())
+        if changed is not None:
+            metrics["mxfp4"]["expert_values_changed"] = changed
+            if experts_trained and changed == 0:
+                print("merge: the LoRA on the experts changed no MXFP4 value: its deltas are below MXFP4's resolution, "
+                      "so the saved experts are the base's; merge.save_format: model_dtype keeps them")
+    else:
+        # A model loaded from MXFP4 with dequantize=True is saved as plain weights in model.dtype.
+        merged_model.config.__dict__.pop("quantization_config", None)
+        merged_model.save_pretrained(staged)
+    tokenizer.save_pretrained(staged)
+    replace_dir(staged, MERGED)
+    write_json(METRICS, metrics)
+    print(f"merged ({save_format}) -> {MERGED}; {metrics}")
+
+
+if __name__ == "__main__":
+    main()

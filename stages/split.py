@@ -12,14 +12,20 @@ from lora_pipeline.params import load_params
 
 RAW, OUT, METRICS = Path("data/raw/data.jsonl"), Path("data/split"), Path("metrics/split.json")
 
-params = load_params("split")
-train, test = split_rows(read_jsonl(RAW), params.split.test_size, params.split.seed)
-try:
-    train, removed = remove_test_prompts(train, test)
-except DataError as exc:
-    sys.exit(f"split: {exc}")
-write_jsonl(train, OUT / "train.jsonl")
-write_jsonl(test, OUT / "test.jsonl")
-counts = {"train_rows": len(train), "test_rows": len(test), "train_test_duplicates_removed": removed}
-write_json(METRICS, counts)
-print(f"split: {len(train)} train, {len(test)} test rows -> {OUT}; {removed} train rows removed that ask what a test row asks")
+
+def main():
+    params = load_params("split")
+    train, test = split_rows(read_jsonl(RAW), params.split.test_size, params.split.seed)
+    try:
+        train, removed = remove_test_prompts(train, test)
+    except DataError as exc:
+        sys.exit(f"split: {exc}")
+    write_jsonl(train, OUT / "train.jsonl")
+    write_jsonl(test, OUT / "test.jsonl")
+    counts = {"train_rows": len(train), "test_rows": len(test), "train_test_duplicates_removed": removed}
+    write_json(METRICS, counts)
+    print(f"split: {len(train)} train, {len(test)} test rows -> {OUT}; {removed} train rows removed that ask what a test row asks")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,12 +18,18 @@ from lora_pipeline.params import DIGEST, ROOT, ParamsError, params_digest
 
 OUT = Path("data/params.ok")
 
-text = (ROOT / "params.yaml").read_text()
-try:
-    validate_all(yaml.safe_load(text))
-except ParamsError as exc:
-    sys.exit(f"validate: {exc}")
-write_text(ROOT / DIGEST, params_digest(text) + "\n")
-OUT.parent.mkdir(exist_ok=True)
-OUT.write_text("params.yaml is valid\n")
-print("params.yaml is valid")
+
+def main():
+    text = (ROOT / "params.yaml").read_text()
+    try:
+        validate_all(yaml.safe_load(text))
+    except ParamsError as exc:
+        sys.exit(f"validate: {exc}")
+    write_text(ROOT / DIGEST, params_digest(text) + "\n")
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text("params.yaml is valid\n")
+    print("params.yaml is valid")
+
+
+if __name__ == "__main__":
+    main()
