@@ -1,4 +1,4 @@
-"""Check an adapter saved by a sharded run (FSDP2, DeepSpeed ZeRO-3) on a GPU: whole, trained, and mergeable.
+"""Check an adapter saved by a sharded run (FSDP2, DeepSpeed ZeRO-3): whole, trained, and mergeable.
 
 Loads the base with the train stage's loader (lora_pipeline.modeling.load_model), then the adapter with peft, which
 refuses any tensor whose shape differs from the model's (a shard, or ZeRO-3's empty placeholder). Reports the
@@ -24,7 +24,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lora_pipeline.modeling import load_model  # noqa: E402
+from lora_pipeline.modeling import device, load_model  # noqa: E402
 from lora_pipeline.params import StageParams, validate  # noqa: E402
 from lora_pipeline.recipes import apply_sets, compose  # noqa: E402
 
@@ -55,9 +55,9 @@ def main():
             ((tensors[k].float() - reference[k].float()).norm() / reference[k].float().norm().clamp(min=1e-12)).item()
             for k in tensors if k in reference)
 
-    model = PeftModel.from_pretrained(load_model(args.base, params.model, params.quantization, device_map={"": 0}),
-                                      args.adapter).eval()  # raises on any shape that is not the model's
-    ids = torch.randint(3, model.config.vocab_size, (2, 256), generator=torch.Generator().manual_seed(0)).cuda()
+    base = load_model(args.base, params.model, params.quantization, device_map={"": device()})
+    model = PeftModel.from_pretrained(base, args.adapter).eval()  # raises on any shape that is not the model's
+    ids = torch.randint(3, model.config.vocab_size, (2, 256), generator=torch.Generator().manual_seed(0)).to(device())
     with torch.no_grad():
         adapted = model(input_ids=ids).logits.float()
         merged = model.merge_and_unload()(input_ids=ids).logits.float()
