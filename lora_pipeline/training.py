@@ -127,23 +127,52 @@ def save_adapter(trainer: SFTTrainer, folder: Path) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
+def dvc_ancestors() -> list:
+    """The processes from this one's parent up to the DVC process that runs the stage, or [] when DVC did not
+    start it (a launch by hand, under nohup say, must not stop when its shell goes)."""
+    import psutil
+
+    chain = []
+    for process in psutil.Process().parents():
+        chain.append(process)
+        try:
+            if any(Path(arg).name == "dvc" for arg in process.cmdline()[:2]):
+                return chain
+        except psutil.Error:
+            return []
+    return []
+
+
+def _alive(process) -> bool:
+    """Running, and not a zombie (an exited process its parent has not reaped yet)."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class StopOnSignal(TrainerCallback):
-    """SIGTERM or SIGINT, or the launcher gone: finish the current optimizer step, save a checkpoint, and stop, so
-    a re-run resumes with no step lost. Every process stops at the same step (the flag is reduced across them)."""
+    """SIGTERM or SIGINT, or the launcher or DVC gone: finish the current optimizer step, save a checkpoint, and
+    stop, so a re-run resumes with no step lost. Every process stops at the same step (the flag is reduced across
+    them)."""
 
     def __init__(self):
         self.received = None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._note)
         # A worker whose launcher died (even by SIGKILL) is re-parented: it stops the same way instead of training
-        # on as an orphan beside the next run.
+        # on as an orphan beside the next run. So does one whose DVC died: DVC exits on SIGTERM without stopping the
+        # stage's launcher, whose training could then no longer be recorded and would hold the run's lock.
         self.launcher = os.getppid()
+        self.ancestors = dvc_ancestors()
 
     def _note(self, signum, frame):
         self.received = signum
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.received is None and os.getppid() != self.launcher:
+        if self.received is None and (os.getppid() != self.launcher or not all(map(_alive, self.ancestors))):
             self.received = signal.SIGTERM
         stop = torch.tensor(float(self.received is not None), device=args.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -15,9 +15,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 MGSM = ROOT.parent / "shared" / "data" / "mgsm"
 # What a copy of the repository leaves out: local environments, stores and everything DVC produces.
+# Outputs, run state (checkpoints of an interrupted training, logs) and local tool folders stay behind.
 COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", "mlflow.db", "mlartifacts",
                                      "mlruns", "cache", "tmp", "data", "models", "metrics", "plots", "reports",
-                                     ".whl", "docs")
+                                     "checkpoints", "logs", ".whl*", ".bench", "docs")
 
 
 def copy_repo(dest: Path) -> Path:

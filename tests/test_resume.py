@@ -129,6 +129,24 @@ def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
 
 
 
+def test_sigterm_to_dvc_alone_stops_the_orphaned_training_with_a_checkpoint(short_repo):
+    """DVC exits on SIGTERM without stopping the stage's launcher; the worker notices at its next step, saves a
+    checkpoint and stops, instead of training on unrecorded; the next run resumes there."""
+    repo, reference, _ = short_repo
+    forget_training(repo)
+    proc = start_training(repo)
+    wait_for_checkpoint_step(proc, repo, 4)
+    proc.send_signal(signal.SIGTERM)  # DVC alone, not its process group
+    output, _ = proc.communicate()  # returns once DVC and the workers, which share its output, have exited
+    assert "stopped by signal 15 at step " in output, output[-3000:]
+    stopped_at = int(output.split("stopped by signal 15 at step ")[1].split(";")[0])
+    assert stopped_at < 24
+    assert max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo)) == stopped_at
+    run(["dvc", "repro", "--no-run-cache", "train"], repo)
+    assert run_facts(repo)["resumed_from_step"] == stopped_at
+    assert_same_adapter(repo, reference)
+
+
 def test_two_processes_resume_after_a_kill(short_repo):
     repo, _, _ = short_repo
     forget_training(repo)
