@@ -4,6 +4,8 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,57 @@ def repo(tmp_path_factory):
     run(["git", "add", "-A"], repo)
     run(["git", "commit", "-qm", "baseline"], repo)
     return repo, output
+
+
+# A short run of the tiny default: few rows, a barely pretrained base, 24 training steps with a checkpoint every 4.
+SHORT_RUN = {"data.builtin_rows": 300, "model.tiny.pretrain_steps": 20, "train.sft.max_steps": 24,
+             "train.sft.logging_steps": 1, "train.checkpoint_steps": 4, "eval.prompts": 2}
+# The outputs of the stages up to merge.
+SHORT_RUN_OUTPUTS = ["data/raw", "data/split", "models/base", "models/adapter", "models/merged", "metrics/train.json",
+                     "metrics/merge.json", "plots/train_loss.csv"]
+# Two pipelines run side by side: their OpenMP threads sleep while they wait instead of spinning, so that neither
+# holds a core the other needs (spinning threads slow two trainings on two cores down several times over). Waiting
+# does not change what is computed.
+SIDE_BY_SIDE = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@dataclass
+class ShortRun:
+    """A clone after `dvc repro merge` of SHORT_RUN, and what it held right then (tests may change it later)."""
+    repo: Path
+    md5s: dict  # {output path: md5}, as dvc.lock records them
+    files: dict  # {path: bytes} of the adapter, the merged model and the metrics
+
+
+def output_md5s(repo: Path) -> dict:
+    import yaml
+
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    return {out["path"]: out["md5"] for stage in lock["stages"].values() for out in stage.get("outs", [])
+            if out["path"] in SHORT_RUN_OUTPUTS}
+
+
+@pytest.fixture(scope="session")
+def short_runs(tmp_path_factory):
+    """SHORT_RUN in two clones at different paths, reproduced side by side up to merge (no stage after it reads
+    what the tests check). The first is reproduced up to split, committed ("short run, data ready"), then up to
+    merge: test_resume goes on from that commit; test_reproducible compares the two clones' outputs."""
+    first = copy_repo(tmp_path_factory.mktemp("short-run") / "repo")
+    second = copy_repo(tmp_path_factory.mktemp("second-clone-elsewhere") / "repo")
+    for repo in (first, second):
+        set_params(repo, **SHORT_RUN)
+
+    def reproduce_first():
+        run(["dvc", "repro", "split"], first, env=SIDE_BY_SIDE)
+        run(["git", "add", "-A"], first)
+        run(["git", "commit", "-qm", "short run, data ready"], first)
+        run(["dvc", "repro", "merge"], first, env=SIDE_BY_SIDE)
+
+    with ThreadPoolExecutor(2) as pool:
+        done = [pool.submit(reproduce_first), pool.submit(run, ["dvc", "repro", "merge"], second, env=SIDE_BY_SIDE)]
+        for future in done:
+            future.result()
+    kept = ["models/adapter/adapter_model.safetensors", "models/adapter/adapter_config.json", "metrics/train.json",
+            "models/merged/model.safetensors"]
+    return [ShortRun(repo, output_md5s(repo), {path: (repo / path).read_bytes() for path in kept})
+            for repo in (first, second)]

@@ -9,29 +9,22 @@ import time
 
 import psutil
 import pytest
-from safetensors.torch import load_file
+from safetensors.torch import load, load_file
 
-from conftest import copy_repo, run, run_env, set_params
+from conftest import run, run_env, set_params
 
 ADAPTER = "models/adapter/adapter_model.safetensors"
-SHORT_RUN = {"data.builtin_rows": 300, "model.tiny.pretrain_steps": 20, "train.sft.max_steps": 24,
-             "train.sft.logging_steps": 1, "train.checkpoint_steps": 4, "eval.prompts": 2}
 
 
 @pytest.fixture(scope="module")
-def short_repo(tmp_path_factory):
-    """A copy whose train stage runs 24 steps with a checkpoint every 4; the adapter of one uninterrupted run of it
-    (through the stage's command, so that neither dvc.lock nor DVC's run cache knows the training yet)."""
-    repo = copy_repo(tmp_path_factory.mktemp("resume") / "repo")
-    set_params(repo, **SHORT_RUN)
-    run(["dvc", "repro", "split"], repo)
-    run(["git", "add", "-A"], repo)
-    run(["git", "commit", "-qm", "short run, data ready"], repo)
-    run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu.yaml", "-m", "stages.train"], repo)
-    reference = load_file(repo / ADAPTER)
-    reference_metrics = json.loads((repo / "metrics/train.json").read_text())
-    forget_training(repo)
-    return repo, reference, reference_metrics
+def short_repo(short_runs):
+    """The short run's first clone (24 steps with a checkpoint every 4), back at its commit with the data ready and
+    no training; the adapter and metrics of its one uninterrupted training, which DVC's run cache keeps but
+    dvc.lock's commit does not know (every training here runs with --no-run-cache)."""
+    clone = short_runs[0]
+    reference, reference_metrics = load(clone.files[ADAPTER]), json.loads(clone.files["metrics/train.json"])
+    forget_training(clone.repo)
+    return clone.repo, reference, reference_metrics
 
 
 def forget_training(repo):
