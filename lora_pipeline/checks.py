@@ -302,7 +302,7 @@ def check_gate_metric(register, ev) -> None:
 
 # Fields the train stage sets itself: a value in params.yaml would be overridden, so it is refused.
 STAGE_OWNED_SFT_FIELDS = {"output_dir", "save_strategy", "save_steps", "save_total_limit", "report_to", "use_cpu",
-                          "include_num_input_tokens_seen", "dataloader_num_workers", "gradient_checkpointing_kwargs"}
+                          "include_num_input_tokens_seen", "dataloader_num_workers"}
 
 
 # What LoRA papers and other tools call the fields that peft names otherwise.

@@ -140,8 +140,22 @@ class Sft(_Section):
     bf16: bool
     fp16: bool
     gradient_checkpointing: bool
+    # e.g. {every_n_layers: 2}: transformers recomputes every 2nd decoder layer only, the others keep activations
+    gradient_checkpointing_kwargs: dict[str, Any]
+    ddp_find_unused_parameters: bool  # False: DDP skips its per-step search of the graph for unused weights
+    train_sampling_strategy: Literal["random", "sequential", "group_by_length", "batch_rebalance"]
     logging_steps: int = Field(ge=1)
     seed: int
+
+    @field_validator("gradient_checkpointing_kwargs")
+    @classmethod
+    def _checkpointing_kwargs(cls, value):
+        every = value.get("every_n_layers", 1)
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"every_n_layers must be a whole number of layers, at least 1 (got {every!r})")
+        if not isinstance(value.get("offload", False), bool):
+            raise ValueError(f"offload must be true or false (got {value['offload']!r})")
+        return value
 
 
 class Train(_Section):
@@ -407,4 +421,4 @@ def flat_keys(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-_DICT_LEAVES = {"train.sft.lr_scheduler_kwargs"}
+_DICT_LEAVES = {"train.sft.lr_scheduler_kwargs", "train.sft.gradient_checkpointing_kwargs"}

@@ -30,6 +30,9 @@ def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTCon
     padding_free_rows = sft["padding_free"] and not sft["packing"]
     if padding_free_rows:
         sft["padding_free"] = False
+    # Non-reentrant checkpointing (what LoRA over a frozen base needs); every_n_layers and offload pass through
+    sft["gradient_checkpointing_kwargs"] = ({"use_reentrant": False, **sft.get("gradient_checkpointing_kwargs", {})}
+                                            if sft["gradient_checkpointing"] else None)
     args = SFTConfig(
         output_dir=str(output_dir),
         **sft,
@@ -40,10 +43,11 @@ def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTCon
         report_to="none",  # rank 0's LiveMetrics sends the per-step figures to MLflow (see lora_pipeline.tracking)
         include_num_input_tokens_seen="non_padding",
         dataloader_num_workers=0,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if sft["gradient_checkpointing"] else None,
     )
     levers = {"padding_free": padding_free_rows or args.padding_free, "packing": args.packing,
               "torch_compile": args.torch_compile, "gradient_checkpointing": args.gradient_checkpointing,
+              "checkpointing_kwargs": args.gradient_checkpointing_kwargs,
+              "sampling": args.train_sampling_strategy,
               "per_device_train_batch_size": args.per_device_train_batch_size,
               "gradient_accumulation_steps": args.gradient_accumulation_steps, "notes": notes}
     return args, levers

@@ -73,6 +73,9 @@ BAD = [
     case({"train.sft.learning_rat": 1e-4}, "train.sft.learning_rat", "did you mean train.sft.learning_rate?"),
     case({"train.sft.output_dir": "out"}, "train.sft.output_dir", "sets it itself"),
     case({"train.sft.lr_scheduler_type": "cosinus"}, "train.sft.lr_scheduler_type", "'cosinus'"),
+    case({"train.sft.gradient_checkpointing_kwargs": {"every_n_layers": 0}}, "train.sft.gradient_checkpointing_kwargs",
+         "every_n_layers must be a whole number of layers, at least 1 (got 0)"),
+    case({"train.sft.train_sampling_strategy": "balanced"}, "train.sft.train_sampling_strategy", "'batch_rebalance'"),
     # split against the rows the data set yields (data.builtin_rows: 2000)
     case({"split.test_size": 5000}, "split.test_size", "5000"),
     case({"split.test_size": 2000}, "split.test_size", "leaves 0 test rows of at most 2000"),

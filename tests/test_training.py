@@ -28,3 +28,48 @@ def test_eager_block_masks_keep_packed_rows_apart(monkeypatch):
             alone = model(input_ids=ids[:, start:start + n], use_cache=False).logits
         torch.testing.assert_close(packed[:, start:start + n], alone, rtol=1e-4, atol=1e-4)
         start += n
+
+
+def _tiny_trainer(tmp_path, name, sets):
+    """build_trainer over a 4-layer Qwen2 (random init, word-level tokenizer) with params.yaml plus `sets`."""
+    import yaml
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from lora_pipeline.params import ROOT, StageParams, validate
+    from lora_pipeline.recipes import apply_sets
+    from lora_pipeline.training import build_trainer
+
+    base = tmp_path / "base"
+    if not base.is_dir():
+        vocab = {"<pad>": 0, "<eos>": 1, **{f"w{i}": i + 2 for i in range(95)}}
+        tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
+                                      pad_token="<pad>", eos_token="<eos>")
+        torch.manual_seed(0)
+        Qwen2ForCausalLM(Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                     num_attention_heads=4, num_key_value_heads=2, use_cache=False)).save_pretrained(base)
+        tok.save_pretrained(base)
+    raw = apply_sets(yaml.safe_load((ROOT / "params.yaml").read_text()),
+                     ["train.checkpoint_steps=0", "train.sft.max_steps=2", "train.sft.warmup_steps=0",
+                      "lora.lora_dropout=0.0", "train.sft.assistant_only_loss=false", *sets])
+    params = StageParams(validate(raw), "test", ["model", "quantization", "train", "lora"])
+    rows = Dataset.from_list([{"input_ids": [(7 * i + j) % 95 + 2 for j in range(20 + i)]} for i in range(32)])
+    return build_trainer(params, base, rows, tmp_path / name)
+
+
+def test_checkpointing_every_second_layer_reaches_the_layers_and_learns_the_same(tmp_path):
+    """train.sft.gradient_checkpointing_kwargs {every_n_layers: 2}: transformers recomputes layers 0 and 2 only,
+    and the adapter after two steps is the one training without checkpointing gives."""
+    adapters = {}
+    for name, sets in {"none": [], "every-2": ["train.sft.gradient_checkpointing=true",
+                                              "train.sft.gradient_checkpointing_kwargs={every_n_layers: 2}"]}.items():
+        trainer, record = _tiny_trainer(tmp_path, name, sets)
+        trainer.train()
+        layers = trainer.model.base_model.model.model.layers
+        flags = [bool(layer.gradient_checkpointing) for layer in layers]
+        assert flags == ([True, False, True, False] if sets else [False] * 4), (name, flags)
+        assert record["checkpointing_kwargs"] == ({"use_reentrant": False, "every_n_layers": 2} if sets else None)
+        adapters[name] = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if v.requires_grad}
+    for key, weight in adapters["none"].items():
+        torch.testing.assert_close(adapters["every-2"][key], weight, rtol=1e-5, atol=1e-6)
