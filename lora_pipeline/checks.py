@@ -2,6 +2,7 @@
 machine), cheap enough to run first; validate_all is everything the validate stage runs."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,18 +137,33 @@ def base_model_config(model, root: Path):
 
 
 def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
-    """The base model's module and parameter names, from its architecture built on the meta device (no memory)."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    """The base model's module and parameter names, from its architecture built on the meta device (no memory).
+    Importing the architecture's code takes seconds on every validate: the names are cached per config and
+    transformers version (not for remote code, which can change under the same version)."""
+    import hashlib
+    import json
+    from importlib.metadata import version
 
     config = base_model_config(model, root)
     if config is None:
         return None
+    key = hashlib.sha256(f"{version('transformers')}\n{config.to_json_string()}".encode()).hexdigest()[:20]
+    cache = None if model.trust_remote_code else cache_dir() / f"layout-{key}.json"
+    try:
+        return ModelLayout(**json.loads(cache.read_text()))
+    except (AttributeError, OSError, ValueError, TypeError):
+        pass
+    import torch
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         built = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code)
     # Only leaf modules: peft wraps layers (Linear, Embedding, ...), not the blocks that hold them.
     leaves = [name for name, module in built.named_modules() if not list(module.children())]
-    return ModelLayout(config.model_type, leaves, [name for name, _ in built.named_parameters()])
+    layout = ModelLayout(config.model_type, leaves, [name for name, _ in built.named_parameters()])
+    if cache is not None:
+        write_cache(cache, dataclasses.asdict(layout))
+    return layout
 
 
 def matches(names: list[str], key: str) -> bool:
@@ -328,28 +344,67 @@ def unknown_fields(given: dict, known: set[str], section: str, owner: str) -> li
     return messages
 
 
-def check_library_fields(train, lora) -> None:
-    """train.sft and lora pass straight to trl.SFTConfig and peft.LoraConfig: every key must be one of their fields."""
-    import dataclasses
+def cache_dir() -> Path:
+    """Where validate keeps what it derives from the installed libraries (never an input or output of a stage)."""
+    import os
 
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lora-pipeline"
+
+
+def write_cache(path: Path, value) -> None:
+    """Write a cache file whole or not at all; one that cannot be written only costs the work next time."""
+    import json
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(value))
+        partial.replace(path)
+    except OSError:
+        pass
+
+
+def library_fields() -> dict[str, list[str]]:
+    """The field names of trl.SFTConfig and peft.LoraConfig, and transformers' scheduler names. Importing them
+    loads peft (seconds: bitsandbytes and more) on every validate: they are cached per installed version of trl,
+    peft and transformers."""
+    import json
+    from importlib.metadata import version
+
+    key = "-".join(f"{package}{version(package)}" for package in ("trl", "peft", "transformers"))
+    cache = cache_dir() / f"fields-{key}.json"
+    try:
+        return json.loads(cache.read_text())
+    except (OSError, ValueError):
+        pass
     from peft import LoraConfig
+    from transformers import SchedulerType
     from trl import SFTConfig
 
+    fields = {"trl.SFTConfig": sorted(f.name for f in dataclasses.fields(SFTConfig)),
+              "peft.LoraConfig": sorted(f.name for f in dataclasses.fields(LoraConfig)),
+              "transformers.SchedulerType": [s.value for s in SchedulerType]}
+    write_cache(cache, fields)
+    return fields
+
+
+def check_library_fields(train, lora) -> None:
+    """train.sft and lora pass straight to trl.SFTConfig and peft.LoraConfig: every key must be one of their fields."""
+    fields = library_fields()
     sft = train.sft.to_dict()
     problems = [f"train.sft.{key}: the train stage sets it itself; remove it" for key in sft
                 if key in STAGE_OWNED_SFT_FIELDS]
     problems += unknown_fields({k: v for k, v in sft.items() if k not in STAGE_OWNED_SFT_FIELDS},
-                               {f.name for f in dataclasses.fields(SFTConfig)}, "train.sft", "trl.SFTConfig")
-    problems += unknown_fields(lora.to_dict(), {f.name for f in dataclasses.fields(LoraConfig)} - {"task_type"},
+                               set(fields["trl.SFTConfig"]), "train.sft", "trl.SFTConfig")
+    problems += unknown_fields(lora.to_dict(), set(fields["peft.LoraConfig"]) - {"task_type"},
                                "lora", "peft.LoraConfig")
     if problems:
         raise ValueError("\n".join(problems))
 
 
 def check_scheduler(train) -> None:
-    from transformers import SchedulerType
-
-    name, known = train.sft.lr_scheduler_type, [s.value for s in SchedulerType]
+    name, known = train.sft.lr_scheduler_type, library_fields()["transformers.SchedulerType"]
     if name not in known:
         close = closest(name, known)
         hint = f"did you mean {close}? " if close else ""

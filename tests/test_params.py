@@ -184,3 +184,29 @@ def test_params_digest_counts_values_as_dvc_reads_them():
     respelt = text.replace("    learning_rate: 0.005", "    learning_rate: 5e-3   # respelt\n    adam_epsilon: 1e-8")
     assert params_digest(respelt) == params_digest(extra) != params_digest(text)
     assert params_digest(text.replace("lora_dropout: 0.05", "lora_dropout: 0.1")) != params_digest(text)
+
+
+def test_validate_caches_what_it_derives_from_the_libraries(tmp_path, monkeypatch):
+    """The library field names and the base model's module names are cached per library version and config, and
+    the cached values are the ones a fresh import and a fresh build give."""
+    import dataclasses
+
+    from peft import LoraConfig
+    from transformers import SchedulerType
+
+    from lora_pipeline.checks import base_model_layout, library_fields
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fields = library_fields()
+    assert set(fields["peft.LoraConfig"]) == {f.name for f in dataclasses.fields(LoraConfig)}
+    assert fields["transformers.SchedulerType"] == [s.value for s in SchedulerType]
+    model = StageParams(validate(shipped()), "validate", ["model"]).model
+    built = base_model_layout(model, ROOT)
+    cached = sorted(p.name.split("-")[0] for p in (tmp_path / "lora-pipeline").glob("*.json"))
+    assert cached == ["fields", "layout"], cached
+    assert library_fields() == fields and base_model_layout(model, ROOT) == built
+    assert any(name.endswith("self_attn.q_proj") for name in built.modules)
+    other = validate(shipped() | {"model": shipped()["model"] | {"tiny": shipped()["model"]["tiny"] | {"num_hidden_layers": 1}}})
+    one_layer = base_model_layout(StageParams(other, "validate", ["model"]).model, ROOT)
+    assert len(list((tmp_path / "lora-pipeline").glob("layout-*.json"))) == 2  # another config, another entry
+    assert not any(".layers.1." in name for name in one_layer.modules)
