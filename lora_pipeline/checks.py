@@ -32,7 +32,7 @@ def validate_all(raw: dict, root: Path = ROOT) -> StageParams:
         lambda: check_tiny(view.model),
         lambda: check_library_fields(view.train, view.lora),
         lambda: check_scheduler(view.train),
-        lambda: check_machine(view.model, view.train),
+        lambda: check_machine(view.model, view.train, root),
         lambda: check_base_model(view.model, view.lora, root),
         lambda: check_quantization(view.model, view.quantization, view.train, root),
         lambda: check_save_format(view.model, view.merge, root),
@@ -217,6 +217,12 @@ def base_stored_quantization(model, root: Path = ROOT) -> str | None:
     return UNKNOWN if config is None else stored_quantization(config)
 
 
+def distributed_type(train, root: Path = ROOT) -> str | None:
+    """accelerate's distributed_type in the config that train.accelerate_config names (None if unreadable)."""
+    config = root / "configs" / "accelerate" / f"{train.accelerate_config}.yaml"
+    return (yaml.safe_load(config.read_text()) or {}).get("distributed_type") if config.is_file() else None
+
+
 def check_quantization(model, quantization, train, root: Path = ROOT) -> None:
     """quantization choices that the base model, the other params or this machine rule out."""
     from lora_pipeline.modeling import BITSANDBYTES, method_problem
@@ -231,8 +237,7 @@ def check_quantization(model, quantization, train, root: Path = ROOT) -> None:
         except ImportError:
             problems.append(f"quantization.method: {method} needs the bitsandbytes package, which is not installed "
                             "(pip install -r requirements.txt); allowed here: none, mxfp4-dequantize")
-        config = root / "configs" / "accelerate" / f"{train.accelerate_config}.yaml"
-        distributed = (yaml.safe_load(config.read_text()) or {}).get("distributed_type") if config.is_file() else None
+        distributed = distributed_type(train, root)
         if distributed in SHARDED:
             problems.append(f"quantization.method: {method} with train.accelerate_config {train.accelerate_config} "
                             f"({distributed}): the bitsandbytes-quantized base is not sharded across processes here "
@@ -412,15 +417,23 @@ def check_scheduler(train) -> None:
                          f"allowed: {known}")
 
 
-def check_machine(model, train) -> None:
+def check_machine(model, train, root: Path = ROOT) -> None:
     """Settings this machine cannot run: mixed precision needs a GPU, flash attention a GPU and flash-attn (flex
-    attention falls back to sdpa on a CPU)."""
+    attention falls back to sdpa on a CPU), FSDP and DeepSpeed GPUs (and DeepSpeed its package)."""
     import importlib.util
 
     import torch
 
     problems = []
     gpu = torch.cuda.is_available()
+    distributed, lacking = distributed_type(train, root), []
+    if distributed in SHARDED and not gpu:  # the train stage's use_cpu would make it plain data parallel
+        lacking.append("a CUDA GPU")
+    if distributed == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
+        lacking.append("the deepspeed package (requirements-gpu.txt)")
+    if lacking:
+        problems.append(f"train.accelerate_config: {train.accelerate_config} ({distributed}, the model sharded over "
+                        f"GPUs) needs {' and '.join(lacking)}, which this machine lacks; allowed here: cpu, cpu_ddp")
     if not gpu and (train.sft.bf16 or train.sft.fp16):
         problems.append(f"train.sft.bf16 / train.sft.fp16: mixed precision needs a CUDA GPU and none is present (got "
                         f"bf16 {train.sft.bf16}, fp16 {train.sft.fp16}); allowed here: both false, to train on the CPU")
