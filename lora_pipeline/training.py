@@ -116,6 +116,13 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
     return trainer, record
 
 
+def trainable_tensors(model) -> dict[str, torch.Tensor]:
+    """The trainable (LoRA) tensors, whole, on the CPU. Under FSDP2 each is a shard (a DTensor), gathered here: a
+    collective, so every process calls it."""
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
+            for name, p in model.named_parameters() if p.requires_grad}
+
+
 def save_adapter(trainer: SFTTrainer, folder: Path) -> None:
     """The adapter (and tokenizer) to `folder`; every process calls it, rank 0 writes. Under FSDP only the trainable
     LoRA tensors are gathered: Trainer.save_model would first gather the whole model's state dict on the CPU (over
@@ -123,8 +130,7 @@ def save_adapter(trainer: SFTTrainer, folder: Path) -> None:
     if not trainer.is_fsdp_enabled:
         trainer.save_model(str(folder))  # DeepSpeed ZeRO-3 gathers its partitions here
         return
-    lora = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()  # a collective: all ranks
-            for name, p in trainer.model.named_parameters() if p.requires_grad}
+    lora = trainable_tensors(trainer.model)
     if trainer.is_world_process_zero():
         trainer.accelerator.unwrap_model(trainer.model).save_pretrained(folder, state_dict=lora)
         trainer.processing_class.save_pretrained(folder)

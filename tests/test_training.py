@@ -73,3 +73,24 @@ def test_checkpointing_every_second_layer_reaches_the_layers_and_learns_the_same
         adapters[name] = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if v.requires_grad}
     for key, weight in adapters["none"].items():
         torch.testing.assert_close(adapters["every-2"][key], weight, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp2_sharded_adapter_is_gathered_whole_and_reloads(tmp_path):
+    """Two CPU processes (gloo), the LoRA model sharded by FSDP2 as the train stage's fsdp2 config shards it: the
+    trainable tensors the stage saves under FSDP come back whole, and the adapter loads into a fresh base giving the
+    unsharded model's logits."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("fsdp2_adapter_worker.py")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(worker),
+                           str(tmp_path / "adapter")], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    assert result["kinds"] == ["DTensor"], result  # the LoRA weights really were sharded
+    assert result["tensors"] == result["reference_tensors"] and result["max_tensor_diff"] == 0.0, result
+    assert result["max_logit_diff"] < 1e-6, result
