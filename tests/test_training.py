@@ -86,7 +86,7 @@ def test_fsdp2_sharded_adapter_is_gathered_whole_and_reloads(tmp_path):
     from pathlib import Path
 
     worker = Path(__file__).with_name("fsdp2_adapter_worker.py")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(worker),
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker),
                            str(tmp_path / "adapter")], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
