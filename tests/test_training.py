@@ -47,8 +47,9 @@ def _tiny_trainer(tmp_path, name, sets):
         tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
                                       pad_token="<pad>", eos_token="<eos>")
         torch.manual_seed(0)
-        Qwen2ForCausalLM(Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                                     num_attention_heads=4, num_key_value_heads=2, use_cache=False)).save_pretrained(base)
+        config = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                             num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+        Qwen2ForCausalLM(config).save_pretrained(base)
         tok.save_pretrained(base)
     raw = apply_sets(yaml.safe_load((ROOT / "params.yaml").read_text()),
                      ["train.checkpoint_steps=0", "train.sft.max_steps=2", "train.sft.warmup_steps=0",
@@ -86,8 +87,8 @@ def test_fsdp2_sharded_adapter_is_gathered_whole_and_reloads(tmp_path):
     from pathlib import Path
 
     worker = Path(__file__).with_name("fsdp2_adapter_worker.py")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker),
-                           str(tmp_path / "adapter")], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(worker), str(tmp_path / "adapter")], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
