@@ -206,7 +206,9 @@ def test_validate_caches_what_it_derives_from_the_libraries(tmp_path, monkeypatc
     assert cached == ["fields", "layout"], cached
     assert library_fields() == fields and base_model_layout(model, ROOT) == built
     assert any(name.endswith("self_attn.q_proj") for name in built.modules)
-    other = validate(shipped() | {"model": shipped()["model"] | {"tiny": shipped()["model"]["tiny"] | {"num_hidden_layers": 1}}})
+    raw = shipped()
+    raw["model"]["tiny"]["num_hidden_layers"] = 1
+    other = validate(raw)
     one_layer = base_model_layout(StageParams(other, "validate", ["model"]).model, ROOT)
     assert len(list((tmp_path / "lora-pipeline").glob("layout-*.json"))) == 2  # another config, another entry
     assert not any(".layers.1." in name for name in one_layer.modules)
