@@ -159,7 +159,7 @@ def test_a_checkpoint_of_other_params_is_not_resumed(short_repo):
     forget_training(repo)
     killed_training(repo, at_step=4)
     stale = checkpoints(repo)[0].parents[1].name
-    set_params(repo, **{"lora.r": 4})
+    set_params(repo, **{"lora.r": 4, "train.sft.max_steps": 8})  # other params: a fresh run, a short one
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from" not in output
     assert (repo / "checkpoints" / stale).is_dir(), "the other run's checkpoint is kept for that run"
