@@ -141,29 +141,24 @@ def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
     Importing the architecture's code takes seconds on every validate: the names are cached per config and
     transformers version (not for remote code, which can change under the same version)."""
     import hashlib
-    import json
     from importlib.metadata import version
 
     config = base_model_config(model, root)
     if config is None:
         return None
-    key = hashlib.sha256(f"{version('transformers')}\n{config.to_json_string()}".encode()).hexdigest()[:20]
-    cache = None if model.trust_remote_code else cache_dir() / f"layout-{key}.json"
-    try:
-        return ModelLayout(**json.loads(cache.read_text()))
-    except (AttributeError, OSError, ValueError, TypeError):
-        pass
-    import torch
-    from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        built = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code)
-    # Only leaf modules: peft wraps layers (Linear, Embedding, ...), not the blocks that hold them.
-    leaves = [name for name, module in built.named_modules() if not list(module.children())]
-    layout = ModelLayout(config.model_type, leaves, [name for name, _ in built.named_parameters()])
-    if cache is not None:
-        write_cache(cache, dataclasses.asdict(layout))
-    return layout
+    def names() -> dict:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            built = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code)
+        # Only leaf modules: peft wraps layers (Linear, Embedding, ...), not the blocks that hold them.
+        leaves = [name for name, module in built.named_modules() if not list(module.children())]
+        return dataclasses.asdict(ModelLayout(config.model_type, leaves, [n for n, _ in built.named_parameters()]))
+
+    key = hashlib.sha256(f"{version('transformers')}\n{config.to_json_string()}".encode()).hexdigest()[:20]
+    return ModelLayout(**(names() if model.trust_remote_code else cached(f"layout-{key}.json", names)))
 
 
 def matches(names: list[str], key: str) -> bool:
@@ -349,18 +344,19 @@ def unknown_fields(given: dict, known: set[str], section: str, owner: str) -> li
     return messages
 
 
-def cache_dir() -> Path:
-    """Where validate keeps what it derives from the installed libraries (never an input or output of a stage)."""
-    import os
-
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lora-pipeline"
-
-
-def write_cache(path: Path, value) -> None:
-    """Write a cache file whole or not at all; one that cannot be written only costs the work next time."""
+def cached(name: str, compute):
+    """compute(), a JSON value, kept in ~/.cache/lora-pipeline/<name> ($XDG_CACHE_HOME): what validate derives
+    from the installed libraries, never an input or output of a stage. Written whole or not at all; a cache that
+    cannot be read or written only costs the work again."""
     import json
     import os
 
+    path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lora-pipeline" / name
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    value = compute()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -368,30 +364,26 @@ def write_cache(path: Path, value) -> None:
         partial.replace(path)
     except OSError:
         pass
+    return value
 
 
 def library_fields() -> dict[str, list[str]]:
     """The field names of trl.SFTConfig and peft.LoraConfig, and transformers' scheduler names. Importing them
     loads peft (seconds: bitsandbytes and more) on every validate: they are cached per installed version of trl,
     peft and transformers."""
-    import json
     from importlib.metadata import version
 
-    key = "-".join(f"{package}{version(package)}" for package in ("trl", "peft", "transformers"))
-    cache = cache_dir() / f"fields-{key}.json"
-    try:
-        return json.loads(cache.read_text())
-    except (OSError, ValueError):
-        pass
-    from peft import LoraConfig
-    from transformers import SchedulerType
-    from trl import SFTConfig
+    def names() -> dict[str, list[str]]:
+        from peft import LoraConfig
+        from transformers import SchedulerType
+        from trl import SFTConfig
 
-    fields = {"trl.SFTConfig": sorted(f.name for f in dataclasses.fields(SFTConfig)),
-              "peft.LoraConfig": sorted(f.name for f in dataclasses.fields(LoraConfig)),
-              "transformers.SchedulerType": [s.value for s in SchedulerType]}
-    write_cache(cache, fields)
-    return fields
+        return {"trl.SFTConfig": sorted(f.name for f in dataclasses.fields(SFTConfig)),
+                "peft.LoraConfig": sorted(f.name for f in dataclasses.fields(LoraConfig)),
+                "transformers.SchedulerType": [s.value for s in SchedulerType]}
+
+    key = "-".join(f"{package}{version(package)}" for package in ("trl", "peft", "transformers"))
+    return cached(f"fields-{key}.json", names)
 
 
 def check_library_fields(train, lora) -> None:
