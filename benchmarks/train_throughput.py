@@ -225,7 +225,9 @@ def main():
                "commit": args.commit}
         if args.seed_result and Path(args.seed_result).is_file():
             seeds = [json.loads(line) for line in Path(args.seed_result).read_text().splitlines() if line.strip()]
-            for seed in [r for r in seeds if r["recipe"] == args.arch][-1:]:  # none when the seed ran another arch
+            same_arch = [r for r in seeds if r["recipe"] == args.arch]  # none when the seed ran another arch
+            if same_arch:
+                seed = same_arch[-1]
                 row |= {"seed_tokens_per_s": seed["tokens_per_s"], "seed_peak_gib": seed["peak_gib"],
                         "ratio": round(tokens_per_s / seed["tokens_per_s"], 2)}
         print(json.dumps(row), flush=True)
