@@ -235,7 +235,11 @@ def main():
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
     if args.save_adapter:  # after the figures are out: gathering a sharded adapter is not part of the timed steps
+        start = time.perf_counter()
         save_adapter(trainer, Path(args.save_adapter))
+        if state.is_main_process:
+            print(f"# adapter saved to {args.save_adapter} in {time.perf_counter() - start:.1f}s, peak "
+                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB on rank 0", flush=True)
 
 
 if __name__ == "__main__":

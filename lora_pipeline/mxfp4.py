@@ -20,6 +20,7 @@ __all__ = [
     "save_mxfp4_checkpoint",
     "is_mxfp4_checkpoint",
     "load_into",
+    "save_dequantized",
     "expert_values_changed",
     "merged_save_format",
     "compare_logits",
@@ -328,6 +329,34 @@ def load_into(model, path, device=None) -> None:
         raise ValueError(f"{path}: no weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
+def save_dequantized(path, out_dir, device=None) -> None:
+    """Write the MXFP4 checkpoint at `path` to the new folder `out_dir` with its experts in bf16 (42 GB for
+    gpt-oss-20b), the same weights Mxfp4Config(dequantize=True) loads, and its tokenizer and other files: a base that
+    loads with quantization.method none. DeepSpeed ZeRO-3 needs one: transformers partitions a checkpoint while
+    loading it (zero.Init) only when it is not quantized; from MXFP4 every process would first build the whole
+    dequantized model on the CPU. `device`: where the experts are dequantized (a GPU is minutes faster)."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    src, out = Path(path), Path(out_dir)
+    if not is_mxfp4_checkpoint(src):
+        raise ValueError(f"{src}: not an MXFP4 checkpoint (its config.json declares no quantization_config "
+                         "with quant_method mxfp4)")
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out}: exists and is not empty; choose a new folder")
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, use_safetensors=True,
+                                                 quantization_config=Mxfp4Config(dequantize=True),
+                                                 device_map={"": str(device or "cpu")})
+    if getattr(model, "hf_quantizer", None) is not None:  # some transformers versions drop it after dequantizing
+        model.hf_quantizer.remove_quantization_config(model)
+    model.config.__dict__.pop("quantization_config", None)  # saved as plain bf16 weights
+    model.save_pretrained(out)
+    for f in src.iterdir():  # tokenizer, chat template, license...: all but the weights and what save_pretrained wrote
+        if f.is_file() and not f.name.startswith("model") and not (out / f.name).exists():
+            shutil.copy2(f, out / f.name)
+
+
 def expert_values_changed(path, base, device=None) -> float | None:
     """The fraction of expert weights whose (dequantized, on `device` if given) value in the MXFP4 checkpoint at
     `path` differs from the one in `base`; None if `base` stores no MXFP4 experts under the same names and shapes."""
@@ -459,3 +488,21 @@ def gpt_oss_20b_config(num_hidden_layers: int = 24, **overrides):
     n = fields["num_hidden_layers"]
     fields["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
     return GptOssConfig(**fields)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m lora_pipeline.mxfp4", description="MXFP4 checkpoint tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+    dequantize = commands.add_parser("dequantize", help="save_dequantized: an MXFP4 checkpoint folder again, its "
+                                     "experts in bf16 (a base for DeepSpeed ZeRO-3, with quantization.method none)")
+    dequantize.add_argument("checkpoint", help="the MXFP4 checkpoint folder, e.g. models/base")
+    dequantize.add_argument("out", help="a new folder")
+    dequantize.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    try:
+        save_dequantized(args.checkpoint, args.out, args.device)
+    except ValueError as exc:
+        raise SystemExit(f"dequantize: {exc}") from None
+    print(f"{args.checkpoint} -> {args.out} (experts bf16)")

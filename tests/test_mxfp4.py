@@ -13,6 +13,7 @@ from lora_pipeline.mxfp4 import (
     build_tiny_gpt_oss,
     dequantize_mxfp4,
     quantize_mxfp4,
+    save_dequantized,
     save_mxfp4_checkpoint,
 )
 
@@ -193,6 +194,31 @@ def test_dequantized_load_matches_checkpoint_and_runs(tiny_dir, tmp_path):
     assert (tmp_path / "again" / "model.safetensors.index.json").exists()
     again = dict(load_mxfp4_dequantized(tmp_path / "again").named_parameters())
     assert all(torch.equal(again[n].data, p.data) for n, p in params.items())
+
+
+def test_dequantized_copy_loads_unquantized_with_the_same_weights(tiny_dir, tmp_path):
+    import shutil
+
+    src = tmp_path / "mxfp4"
+    shutil.copytree(tiny_dir, src)
+    (src / "tokenizer.json").write_text("{}")
+    save_dequantized(src, tmp_path / "bf16")
+    out = tmp_path / "bf16"
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    stored = {k: v for f in out.glob("*.safetensors") for k, v in load_file(f).items()}
+    assert not any(k.endswith(("_blocks", "_scales")) for k in stored)
+    assert {v.dtype for v in stored.values()} == {torch.bfloat16}
+    assert (out / "tokenizer.json").read_text() == "{}"
+    copy = dict(load_model(out, BF16, SimpleNamespace(method="none")).named_parameters())
+    original = dict(load_mxfp4_dequantized(src).named_parameters())
+    assert copy.keys() == original.keys()
+    assert all(torch.equal(copy[n].data, p.data) for n, p in original.items())
+
+    with pytest.raises(ValueError, match="bf16: not an MXFP4 checkpoint"):
+        save_dequantized(out, tmp_path / "again")
+    with pytest.raises(ValueError, match="bf16: exists and is not empty"):
+        save_dequantized(src, out)
+    assert not (tmp_path / "again").exists()
 
 
 # bf16 is how the real model is loaded; its backward works on CPU (torch 2.13), so no upcast is needed to train.
