@@ -165,11 +165,19 @@ def main():
     marks, tokens, last = {}, [0], [time.perf_counter()]
 
     class Clock(TrainerCallback):
+        def on_train_begin(self, a, s, control, model=None, **kwargs):  # after accelerate has wrapped the model
+            from torch.distributed.fsdp import FSDPModule
+
+            units = sum(isinstance(m, FSDPModule) for m in model.modules())
+            print(f"# rank {state.process_index}: wrapped, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated"
+                  f" (peak so far {torch.cuda.max_memory_allocated() / 2**30:.1f}), {units} FSDP units", flush=True)
+
         def on_step_end(self, a, s, control, **kwargs):
             torch.cuda.synchronize()
             now = time.perf_counter()
             if state.is_main_process:  # progress: compile time shows up as slow first steps
-                print(f"# step {s.global_step}: {now - last[0]:.1f}s", flush=True)
+                print(f"# step {s.global_step}: {now - last[0]:.1f}s, peak "
+                      f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
             last[0] = now
             if s.global_step in (warm, warm + args.steps):
                 marks[s.global_step] = (time.perf_counter(), tokens[0])

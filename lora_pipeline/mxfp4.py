@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -329,15 +330,16 @@ def load_into(model, path, device=None) -> None:
         raise ValueError(f"{path}: no weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
-def save_dequantized(path, out_dir, device=None) -> None:
+def save_dequantized(path, out_dir, device=None, max_shard_size: int = 5 * 2**30) -> None:
     """Write the MXFP4 checkpoint at `path` to the new folder `out_dir` with its experts in bf16 (42 GB for
-    gpt-oss-20b), the same weights Mxfp4Config(dequantize=True) loads, and its tokenizer and other files: a base that
-    loads with quantization.method none. DeepSpeed ZeRO-3 needs one: transformers partitions a checkpoint while
-    loading it (zero.Init) only when it is not quantized; from MXFP4 every process would first build the whole
-    dequantized model on the CPU. `device`: where the experts are dequantized (a GPU is minutes faster)."""
+    gpt-oss-20b): the weights Mxfp4Config(dequantize=True) loads, under the names transformers loads without a
+    quantizer, one shard in memory at a time; config.json without quantization_config, the tokenizer and other
+    files copied. A base that loads with quantization.method none, as DeepSpeed ZeRO-3 needs: transformers partitions
+    a checkpoint while loading it (zero.Init) only when it is not quantized; from MXFP4 every process would first build
+    the whole dequantized model on the CPU. `device`: where the experts are dequantized (a GPU is much faster)."""
     import shutil
 
-    from transformers import AutoModelForCausalLM, Mxfp4Config
+    from safetensors import safe_open
 
     src, out = Path(path), Path(out_dir)
     if not is_mxfp4_checkpoint(src):
@@ -345,15 +347,30 @@ def save_dequantized(path, out_dir, device=None) -> None:
                          "with quant_method mxfp4)")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out}: exists and is not empty; choose a new folder")
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, use_safetensors=True,
-                                                 quantization_config=Mxfp4Config(dequantize=True),
-                                                 device_map={"": str(device or "cpu")})
-    if getattr(model, "hf_quantizer", None) is not None:  # some transformers versions drop it after dequantizing
-        model.hf_quantizer.remove_quantization_config(model)
-    model.config.__dict__.pop("quantization_config", None)  # saved as plain bf16 weights
-    model.save_pretrained(out)
-    for f in src.iterdir():  # tokenizer, chat template, license...: all but the weights and what save_pretrained wrote
-        if f.is_file() and not f.name.startswith("model") and not (out / f.name).exists():
+    files = _checkpoint_files(src)
+
+    def dequantized(name):
+        blocks, scales = (_read(files, n).to(device or "cpu") for n in (f"{name}_blocks", f"{name}_scales"))
+        return dequantize_mxfp4(blocks, scales, dtype=torch.bfloat16).transpose(1, 2).contiguous().cpu()
+
+    entries = []
+    for name in files:
+        with safe_open(files[name], "pt") as f:
+            stored = f.get_slice(name)
+            numel, dtype = math.prod(stored.get_shape()), stored.get_dtype()
+        if name.endswith("_blocks"):  # two e2m1 values per byte, each now two bytes of bf16
+            entries.append((name[:-len("_blocks")], numel * 4, lambda n=name[:-len("_blocks")]: dequantized(n)))
+        elif not name.endswith("_scales"):
+            nbytes = numel * {"F32": 4, "F64": 8, "I64": 8, "I32": 4, "U8": 1, "I8": 1, "BOOL": 1}.get(dtype, 2)
+            entries.append((name, nbytes, lambda n=name: _read(files, n)))
+    out.mkdir(parents=True, exist_ok=True)
+    _write_shards(entries, out, max_shard_size)
+    config = json.loads((src / "config.json").read_text())
+    config.pop("quantization_config")
+    write_json(out / "config.json", config)
+    for f in src.iterdir():  # tokenizer, chat template, generation config, license...
+        if f.is_file() and not f.name.startswith("model.safetensors") and not f.name.startswith("model-") \
+                and not (out / f.name).exists():
             shutil.copy2(f, out / f.name)
 
 
