@@ -8,7 +8,7 @@ seed baseline's (../shared/bench/seed_baseline.py), so the two tokens/s figures 
     accelerate launch --config_file configs/accelerate/multi_gpu_2.yaml benchmarks/train_throughput.py \
         --recipe qwen2-0.5b --arch qwen2-0.5b --out ours.jsonl
 Prints one JSON line: tokens/s over all processes (non-padding tokens after warm-up), step time, peak GiB per
-GPU, MFU, the global batch and the implementations that ran.
+GPU while training and while loading, MFU, the global batch and the implementations that ran.
 """
 import argparse
 import faulthandler
@@ -162,22 +162,24 @@ def main():
         print(f"built {args.arch} checkpoint in {time.perf_counter() - start:.0f}s", flush=True)
     state.wait_for_everyone()
 
-    marks, tokens, last = {}, [0], [time.perf_counter()]
+    marks, tokens, last, load_peak = {}, [0], [time.perf_counter()], [0.0]
 
     class Clock(TrainerCallback):
         def on_train_begin(self, a, s, control, model=None, **kwargs):  # after accelerate has wrapped the model
             from torch.distributed.fsdp import FSDPModule
 
             units = sum(isinstance(m, FSDPModule) for m in model.modules())
+            load_peak[0] = torch.cuda.max_memory_allocated() / 2**30
             print(f"# rank {state.process_index}: wrapped, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated"
-                  f" (peak so far {torch.cuda.max_memory_allocated() / 2**30:.1f}), {units} FSDP units", flush=True)
+                  f" (peak while loading and wrapping {load_peak[0]:.1f}), {units} FSDP units", flush=True)
+            torch.cuda.reset_peak_memory_stats()  # peak_gib: training alone
 
         def on_step_end(self, a, s, control, **kwargs):
             torch.cuda.synchronize()
             now = time.perf_counter()
             if state.is_main_process:  # progress: compile time shows up as slow first steps
-                print(f"# step {s.global_step}: {now - last[0]:.1f}s, peak "
-                      f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+                print(f"# step {s.global_step}: {now - last[0]:.1f}s, {torch.cuda.memory_allocated() / 2**30:.1f} GiB "
+                      f"allocated, peak {torch.cuda.max_memory_allocated() / 2**30:.1f}", flush=True)
             last[0] = now
             if s.global_step in (warm, warm + args.steps):
                 marks[s.global_step] = (time.perf_counter(), tokens[0])
@@ -209,7 +211,7 @@ def main():
         table = profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
         Path(args.profile).write_text(f"{args.recipe} {args.set} ({profiled} optimizer steps)\n{table}\n")
     (t0, k0), (t1, k1) = marks[warm], marks[warm + args.steps]
-    local = torch.tensor([k1 - k0, t1 - t0, torch.cuda.max_memory_allocated() / 2**30], device="cuda")
+    local = torch.tensor([k1 - k0, t1 - t0, torch.cuda.max_memory_allocated() / 2**30, load_peak[0]], device="cuda")
     gathered = trainer.accelerator.gather(local[None]).cpu()  # one row per process
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     if state.is_main_process:
@@ -222,7 +224,8 @@ def main():
                "distributed": str(state.distributed_type).split(".")[-1],
                "tokens_per_s": round(tokens_per_s),
                "step_s": round(float(gathered[:, 1].max()) / args.steps, 3),
-               "peak_gib": round(float(gathered[:, 2].max()), 1),
+               "peak_gib": round(float(gathered[:, 2].max()), 1),  # while training
+               "load_peak_gib": round(float(gathered[:, 3].max()), 1),  # while loading and wrapping the model
                "mfu": round(flops_per_gpu / PEAK_FLOPS, 3), "active_params": n_active,
                "global_batch": sft.per_device_train_batch_size * sft.gradient_accumulation_steps * state.num_processes,
                "micro_batch": sft.per_device_train_batch_size, "grad_accum": sft.gradient_accumulation_steps,
