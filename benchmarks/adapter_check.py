@@ -4,7 +4,8 @@ Loads the base with the train stage's loader (lora_pipeline.modeling.load_model)
 refuses any tensor whose shape differs from the model's (a shard, or ZeRO-3's empty placeholder). Reports the
 share of LoRA B matrices that training moved off zero, the largest relative difference to a reference adapter of the
 same LoRA (for example the same steps under plain DDP), and the merged model's logits against the adapted model's
-on random token ids, as the merge stage checks them.
+on random token ids, as the merge stage checks them; for a mixture-of-experts model, also the share of (layer,
+token) routing decisions that merging changed.
 
     python benchmarks/adapter_check.py --recipe gpt-oss-20b --base /tmp/bench-gpt-oss-20b --adapter /tmp/zero3 \
         --reference /tmp/ddp --label zero3
@@ -58,10 +59,17 @@ def main():
     base = load_model(args.base, params.model, params.quantization, device_map={"": device()})
     model = PeftModel.from_pretrained(base, args.adapter).eval()  # raises on any shape that is not the model's
     ids = torch.randint(3, model.config.vocab_size, (2, 256), generator=torch.Generator().manual_seed(0)).to(device())
+    moe = getattr(model.config, "num_experts_per_tok", None)
+    extra = {"output_router_logits": True} if moe else {}
     with torch.no_grad():
-        adapted = model(input_ids=ids).logits.float()
-        merged = model.merge_and_unload()(input_ids=ids).logits.float()
-    row["merge_relative_logit_diff"] = ((adapted - merged).abs().max() / adapted.abs().max()).item()
+        adapted = model(input_ids=ids, **extra)
+        merged = model.merge_and_unload()(input_ids=ids, **extra)
+    row["merge_relative_logit_diff"] = ((adapted.logits.float() - merged.logits.float()).abs().max() /
+                                        adapted.logits.float().abs().max()).item()
+    if moe:  # a rounding-sized change can flip a near-tie between experts, and with it the token's whole path
+        def chosen(out):
+            return torch.stack([r.topk(moe, dim=-1).indices.sort(-1).values for r in out.router_logits])
+        row["expert_choices_changed"] = (chosen(adapted) != chosen(merged)).any(-1).float().mean().item()
     print(json.dumps(row), flush=True)
     if args.out:
         with open(args.out, "a") as f:
