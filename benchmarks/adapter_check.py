@@ -61,15 +61,23 @@ def main():
     ids = torch.randint(3, model.config.vocab_size, (2, 256), generator=torch.Generator().manual_seed(0)).to(device())
     moe = getattr(model.config, "num_experts_per_tok", None)
     extra = {"output_router_logits": True} if moe else {}
+    row["weight_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
     with torch.no_grad():
         adapted = model(input_ids=ids, **extra)
+        again = model(input_ids=ids, **extra)  # the same model run twice: the floor any comparison stands on
         merged = model.merge_and_unload()(input_ids=ids, **extra)
-    row["merge_relative_logit_diff"] = ((adapted.logits.float() - merged.logits.float()).abs().max() /
-                                        adapted.logits.float().abs().max()).item()
+
+    def relative(a, b):
+        return ((a.logits.float() - b.logits.float()).abs().max() / a.logits.float().abs().max()).item()
+
+    def chosen(out):  # each token's experts, per layer
+        return torch.stack([r.topk(moe, dim=-1).indices.sort(-1).values for r in out.router_logits])
+
+    row["merge_relative_logit_diff"] = relative(adapted, merged)
+    row["rerun_relative_logit_diff"] = relative(adapted, again)
     if moe:  # a rounding-sized change can flip a near-tie between experts, and with it the token's whole path
-        def chosen(out):
-            return torch.stack([r.topk(moe, dim=-1).indices.sort(-1).values for r in out.router_logits])
         row["expert_choices_changed"] = (chosen(adapted) != chosen(merged)).any(-1).float().mean().item()
+        row["rerun_expert_choices_changed"] = (chosen(adapted) != chosen(again)).any(-1).float().mean().item()
     print(json.dumps(row), flush=True)
     if args.out:
         with open(args.out, "a") as f:
