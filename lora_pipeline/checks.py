@@ -239,6 +239,13 @@ def check_quantization(model, quantization, train, root: Path = ROOT) -> None:
                             "(FSDP-QLoRA needs bnb_4bit_quant_storage and per-framework setup that the train stage "
                             "does not do); allowed: none, or a config with one replica per process (cpu, cpu_ddp, "
                             "single_gpu, multi_gpu, ...)")
+    if method == "mxfp4-dequantize" and distributed_type(train, root) == "DEEPSPEED":
+        problems.append(f"quantization.method: mxfp4-dequantize with train.accelerate_config {train.accelerate_config} "
+                        "(DEEPSPEED): transformers loads a quantized checkpoint without zero.Init, so every process "
+                        "first dequantizes the whole model on the CPU (gpt-oss-20b on 2 processes: still loading "
+                        "after 200 s); write a bf16 copy once (python -m lora_pipeline.mxfp4 dequantize models/base "
+                        "FOLDER) and train that with model.source local, model.name FOLDER, quantization.method none; "
+                        "or keep mxfp4-dequantize with fsdp2 or multi_gpu")
     if compute != "auto" and (problem := compute_dtype_problem(method, compute, model.dtype, train.sft)):
         problems.append(f"quantization.compute_dtype: {compute}{problem}")
     if problems:
