@@ -154,12 +154,14 @@ def lora_config(lora_params):
     return LoraConfig(task_type="CAUSAL_LM", **fields)
 
 
-def apply_liger(model, wanted: bool, lm_head_partitioned: bool = False) -> dict:
+def apply_liger(model, wanted: bool) -> dict:
     """Patch the model with Liger kernels where possible; return the decision, to be logged and recorded.
 
     Liger's Triton kernels need a GPU: on a CPU the request is declined, loudly, rather than ignored.
-    lm_head_partitioned (DeepSpeed ZeRO-3): the fused linear cross-entropy is left out. It reads lm_head.weight outside
-    lm_head's forward, where ZeRO-3 never gathers it, and would get an empty partition.
+    Its fused linear cross-entropy is left out: it replaces the model's forward, which TRL's SFTTrainer bypasses when
+    it computes the loss through its own tiled LM head (trl.trainer.utils.add_fused_lm_head, no full logits in
+    memory either; TRL refuses the Liger one in its own liger_kernel_config for this reason). Patched, it would be
+    listed here as running while it never runs.
     """
     if not wanted:
         return {"applied": False, "reason": "train.liger is false", "kernels": []}
@@ -176,13 +178,10 @@ def apply_liger(model, wanted: bool, lm_head_partitioned: bool = False) -> dict:
         return {name: getattr(m.forward, "__func__", m.forward) for name, m in model.named_modules()}
 
     before = forwards()
-    without = {"fused_linear_cross_entropy": False} if lm_head_partitioned else {}
-    _apply_liger_kernel_to_instance(model=model, **without)
+    _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=False)
     patched = sorted({f"{type(model.get_submodule(name)).__name__}.forward -> {fn.__module__}.{fn.__qualname__}"
                       for name, fn in forwards().items() if fn is not before[name]})
     decision = {"applied": bool(patched), "reason": f"model_type {model.config.model_type}", "kernels": patched}
-    if lm_head_partitioned:
-        decision["reason"] += "; no fused linear cross-entropy: DeepSpeed ZeRO-3 partitions lm_head"
     if not patched:
         decision["reason"] = f"Liger has no kernels for model_type {model.config.model_type}"
     log.warning("Liger decision: %s", decision)

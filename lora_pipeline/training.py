@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
-from transformers.integrations import is_deepspeed_zero3_enabled
 from trl import SFTConfig, SFTTrainer
 
 from lora_pipeline.modeling import (BITSANDBYTES, apply_liger, load_model, load_tokenizer, lora_config,
@@ -84,7 +83,7 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
-    liger = apply_liger(model, params.train.liger, lm_head_partitioned=is_deepspeed_zero3_enabled())
+    liger = apply_liger(model, params.train.liger)
     trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
                          peft_config=lora_config(params.lora), callbacks=list(callbacks))
     if levers["padding_free"] and not args.padding_free:

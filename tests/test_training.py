@@ -59,14 +59,22 @@ def _tiny_trainer(tmp_path, name, sets):
     return build_trainer(params, base, rows, tmp_path / name)
 
 
-def test_checkpointing_every_second_layer_reaches_the_layers_and_learns_the_same(tmp_path):
+def test_checkpointing_every_second_layer_reaches_the_layers_and_learns_the_same(tmp_path, monkeypatch):
     """train.sft.gradient_checkpointing_kwargs {every_n_layers: 2}: transformers recomputes layers 0 and 2 only,
-    and the adapter after two steps is the one training without checkpointing gives."""
+    and the adapter after two steps is the one training without checkpointing gives. Also: TRL computes the loss
+    through its tiled LM head over the backbone, never through the model's own forward, so Liger's fused linear
+    cross-entropy (which replaces that forward) would never run: modeling.apply_liger leaves it out."""
+    calls, forward = [], Qwen2ForCausalLM.forward
+    monkeypatch.setattr(Qwen2ForCausalLM, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
     adapters = {}
     for name, sets in {"none": [], "every-2": ["train.sft.gradient_checkpointing=true",
                                               "train.sft.gradient_checkpointing_kwargs={every_n_layers: 2}"]}.items():
         trainer, record = _tiny_trainer(tmp_path, name, sets)
+        calls.clear()
         trainer.train()
+        assert not calls and trainer.state.global_step == 2
+        trainer.model(input_ids=torch.tensor([[2, 3, 4]]))  # what the model runs outside the loss: the patched forward
+        assert calls == [1]
         layers = trainer.model.base_model.model.model.layers
         flags = [bool(layer.gradient_checkpointing) for layer in layers]
         assert flags == ([True, False, True, False] if sets else [False] * 4), (name, flags)
@@ -95,3 +103,4 @@ def test_fsdp2_sharded_adapter_is_gathered_whole_and_reloads(tmp_path):
     assert result["kinds"] == ["DTensor"], result  # the LoRA weights really were sharded
     assert result["tensors"] == result["reference_tensors"] and result["max_tensor_diff"] == 0.0, result
     assert result["max_logit_diff"] < 1e-6, result
+
