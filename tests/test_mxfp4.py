@@ -196,8 +196,10 @@ def test_dequantized_load_matches_checkpoint_and_runs(tiny_dir, tmp_path):
     assert all(torch.equal(again[n].data, p.data) for n, p in params.items())
 
 
-def test_dequantized_copy_loads_unquantized_with_the_same_weights(tiny_dir, tmp_path):
+def test_dequantized_copy_loads_unquantized_with_the_same_weights(tiny_dir, tmp_path, monkeypatch):
     import shutil
+
+    from lora_pipeline import mxfp4
 
     src = tmp_path / "mxfp4"
     shutil.copytree(tiny_dir, src)
@@ -220,6 +222,14 @@ def test_dequantized_copy_loads_unquantized_with_the_same_weights(tiny_dir, tmp_
     with pytest.raises(ValueError, match="bf16: exists and is not empty"):
         save_dequantized(src, out)
     assert not (tmp_path / "again").exists()
+
+    def disk_full(*args):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(mxfp4, "_write_shards", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        save_dequantized(src, tmp_path / "interrupted")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "mxfp4"]  # no partial copy, no staging folder
 
 
 # bf16 is how the real model is loaded; its backward works on CPU (torch 2.13), so no upcast is needed to train.
