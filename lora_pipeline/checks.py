@@ -223,7 +223,7 @@ def check_quantization(model, quantization, train, root: Path = ROOT) -> None:
     from lora_pipeline.modeling import BITSANDBYTES, method_problem
 
     method, compute, problems = quantization.method, quantization.compute_dtype, []
-    stored = base_stored_quantization(model, root)
+    stored, distributed = base_stored_quantization(model, root), distributed_type(train, root)
     if stored != UNKNOWN and (problem := method_problem(method, stored)):
         problems.append(f"quantization.method: {problem}")
     if method in BITSANDBYTES:
@@ -232,14 +232,13 @@ def check_quantization(model, quantization, train, root: Path = ROOT) -> None:
         except ImportError:
             problems.append(f"quantization.method: {method} needs the bitsandbytes package, which is not installed "
                             "(pip install -r requirements.txt); allowed here: none, mxfp4-dequantize")
-        distributed = distributed_type(train, root)
         if distributed in SHARDED:
             problems.append(f"quantization.method: {method} with train.accelerate_config {train.accelerate_config} "
                             f"({distributed}): the bitsandbytes-quantized base is not sharded across processes here "
                             "(FSDP-QLoRA needs bnb_4bit_quant_storage and per-framework setup that the train stage "
                             "does not do); allowed: none, or a config with one replica per process (cpu, cpu_ddp, "
                             "single_gpu, multi_gpu, ...)")
-    if method == "mxfp4-dequantize" and distributed_type(train, root) == "DEEPSPEED":
+    if method == "mxfp4-dequantize" and distributed == "DEEPSPEED":
         problems.append(f"quantization.method: mxfp4-dequantize with train.accelerate_config {train.accelerate_config} "
                         "(DEEPSPEED): transformers loads a quantized checkpoint without zero.Init, so every process "
                         "first dequantizes the whole model on the CPU (gpt-oss-20b on 2 processes: still loading "
