@@ -1,18 +1,23 @@
 """Resumable training: a checkpoint folder named by what training depends on, and the last complete checkpoint in it.
 
 A checkpoint is resumed only by a run with the same params, code and input data: its folder name is a hash of the
-train stage's params and of the content of every dependency dvc.yaml lists for the stage.
+train stage's params and of the content of every dependency dvc.yaml lists for the stage. And only if it is whole:
+a manifest of its files' sizes and hashes, written last, must still match them.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import shutil
 from pathlib import Path
 
 import yaml
 
 CHECKPOINTS = Path("checkpoints")
+MANIFEST = "checkpoint_manifest.json"  # each file's size and sha256, written after all of them
+_PARTIAL = f".{MANIFEST}.partial"
+DAMAGED = "damaged"  # where a checkpoint that is not whole is set aside, inside the run's folder
 _STEP = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -52,14 +57,80 @@ def run_dir(fingerprint: str, root: Path = Path(".")) -> Path:
     return root / CHECKPOINTS / f"train-{fingerprint}"
 
 
-def last_complete(folder: Path) -> Path | None:
-    """The checkpoint with the highest step that was written to the end (the Trainer writes trainer_state.json
-    last); a half-written one, left by a kill during saving, is ignored."""
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_manifest(checkpoint: Path) -> None:
+    """Record the size and sha256 of every file of a checkpoint, in MANIFEST, written last and atomically: once
+    every process has written its files, a checkpoint with a manifest was saved whole."""
+    files = {str(p.relative_to(checkpoint)): {"bytes": p.stat().st_size, "sha256": file_digest(p)}
+             for p in sorted(checkpoint.rglob("*")) if p.is_file() and p.name not in (MANIFEST, _PARTIAL)}
+    partial = checkpoint / _PARTIAL
+    partial.write_text(json.dumps({"files": files}, indent=1) + "\n")
+    partial.replace(checkpoint / MANIFEST)
+
+
+def damage(checkpoint: Path) -> str | None:
+    """Why a checkpoint is not as it was written (no manifest, a file missing, cut short or changed), or None.
+    Sizes are compared first: a cut-off file is found without reading it."""
+    try:
+        files = json.loads((checkpoint / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        return f"no {MANIFEST} (its saving did not finish)"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{MANIFEST} is unreadable ({exc})"
+    for name, written in files.items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if (size := path.stat().st_size) != written["bytes"]:
+            return f"{name} is {size} bytes, {written['bytes']} were written"
+    for name, written in files.items():
+        if file_digest(checkpoint / name) != written["sha256"]:
+            return f"{name} has other bytes than were written (its sha256 differs)"
+    return None
+
+
+def set_aside(checkpoint: Path) -> Path:
+    """Move a damaged checkpoint into the run's DAMAGED folder (kept, never deleted), where neither the Trainer's
+    rotation nor the next lookup sees it; a second one of the same step gets a numbered name."""
+    folder = checkpoint.parent / DAMAGED
+    folder.mkdir(exist_ok=True)
+    target, number = folder / checkpoint.name, 1
+    while target.exists():
+        number += 1
+        target = folder / f"{checkpoint.name}.{number}"
+    checkpoint.rename(target)
+    return target
+
+
+def last_complete(folder: Path, report=print) -> Path | None:
+    """The checkpoint with the highest step whose files are all as its manifest recorded them. Each newer one that
+    is not (a kill while saving, a full disk, a lost node) is set aside into DAMAGED, with one line to `report`
+    that names it and why; None when no whole one is left. Only the process that holds the run's lock calls it."""
     if not folder.is_dir():
         return None
-    done = [(int(m.group(1)), p) for p in folder.iterdir()
-            if (m := _STEP.match(p.name)) and (p / "trainer_state.json").is_file()]
-    return max(done)[1] if done else None
+    steps = sorted(((int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()),
+                   reverse=True)
+    for _, checkpoint in steps:
+        problem = damage(checkpoint)
+        if problem is None:
+            return checkpoint
+        moved = set_aside(checkpoint)
+        report(f"{checkpoint.name} set aside in {moved.parent}: {problem}")
+    return None
+
+
+def clear_run(folder: Path) -> None:
+    """A finished run's checkpoints removed: nothing is left to resume. Damaged ones set aside stay for a look."""
+    if not (folder / DAMAGED).is_dir():
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for path in folder.iterdir():
+        if path.name != DAMAGED:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def hold_run_lock(folder: Path):

@@ -8,9 +8,12 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig, SFTTrainer
 
+from lora_pipeline.checkpoints import write_manifest
 from lora_pipeline.modeling import (BITSANDBYTES, apply_liger, load_model, load_tokenizer, lora_config,
                                    training_device_map)
 
@@ -191,6 +194,17 @@ class StopOnSignal(TrainerCallback):
             self.received = self.received or signal.SIGTERM
             control.should_save = control.should_training_stop = True
         return control
+
+
+class WriteManifest(TrainerCallback):
+    """After each checkpoint, the main process records its files' sizes and hashes (checkpoints.write_manifest),
+    last: Trainer._save_checkpoint has each process write its own rng_state file with no barrier after it, so all
+    processes first wait for each other here."""
+
+    def on_save(self, args, state, control, **kwargs):
+        PartialState().wait_for_everyone()
+        if state.is_world_process_zero:
+            write_manifest(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
 
 
 class LiveMetrics(TrainerCallback):

@@ -3,8 +3,9 @@
 Launched by accelerate, one process per device (dvc.yaml's cmd):
     accelerate launch --config_file configs/accelerate/cpu.yaml -m stages.train
 Checkpoints go to checkpoints/train-<hash of params, code and data> every train.checkpoint_steps steps (and on
-SIGTERM/SIGINT); a re-run with the same hash resumes from the last complete one. Rank 0 alone writes the
-adapter, metrics/train.json and plots/train_loss.csv; timings and the step a run resumed from go to
+SIGTERM/SIGINT), each with a manifest of its files written last; a re-run with the same hash resumes from the
+last one whose files still match it (newer, damaged ones are set aside into its damaged/ folder). Rank 0 alone
+writes the adapter, metrics/train.json and plots/train_loss.csv; timings and the step a run resumed from go to
 logs/train_speed.json, which is no DVC output, so identical trainings give identical outputs. Rank 0 also opens
 the pipeline run's MLflow run (resumed after a kill) and sends it each logged step's figures as training goes
 (lora_pipeline.tracking); the register stage completes that run.
@@ -13,20 +14,20 @@ import csv
 import io
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import torch
+from accelerate.utils import broadcast_object_list
 from datasets import Dataset
 
 from lora_pipeline.chat import conversation
-from lora_pipeline.checkpoints import content_hash, hold_run_lock, last_complete, run_dir, run_fingerprint
+from lora_pipeline.checkpoints import clear_run, content_hash, hold_run_lock, last_complete, run_dir, run_fingerprint
 from lora_pipeline.data import read_jsonl
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json, write_text
 from lora_pipeline.params import ROOT, load_params
-from lora_pipeline.training import LiveMetrics, StopOnSignal, build_trainer, save_adapter
+from lora_pipeline.training import LiveMetrics, StopOnSignal, WriteManifest, build_trainer, save_adapter
 
 BASE, TRAIN, ADAPTER = Path("models/base"), Path("data/split/train.jsonl"), Path("models/adapter")
 METRICS, LOSS_LOG, SPEED = Path("metrics/train.json"), Path("plots/train_loss.csv"), Path("logs/train_speed.json")
@@ -35,22 +36,24 @@ METRICS, LOSS_LOG, SPEED = Path("metrics/train.json"), Path("plots/train_loss.cs
 def main():
     params = load_params("train")  # the validate stage has already refused what this machine cannot run
     fingerprint = run_fingerprint("train")
-    checkpoints, live = run_dir(fingerprint), None
+    checkpoints, live, resume, tokens_before = run_dir(fingerprint), None, None, 0
     if int(os.environ.get("RANK", "0")) == 0:  # the launcher's rank: accelerate's state is not set up yet
         lock = hold_run_lock(checkpoints)  # noqa: F841 (held until exit)
+        resume = last_complete(checkpoints)  # the lock holder alone checks them and sets damaged ones aside
+        if resume:
+            tokens_before = json.loads((resume / "trainer_state.json").read_text())["num_input_tokens_seen"]
         from lora_pipeline.tracking import LiveRun  # rank 0 alone talks to MLflow
 
         exp_name = os.environ.get("DVC_EXP_NAME")
         live = LiveRun(params.register.experiment, fingerprint, ROOT, run_name=exp_name,
                        tags={"dvc_exp_name": exp_name or "workspace", "train_fingerprint": fingerprint})
-    resume = last_complete(checkpoints)
-    tokens_before = json.loads((resume / "trainer_state.json").read_text())["num_input_tokens_seen"] if resume else 0
     train_set = Dataset.from_list([{"messages": conversation(row)} for row in read_jsonl(TRAIN)])
     stopper = StopOnSignal()
+    callbacks = [stopper, WriteManifest()] + ([LiveMetrics(live)] if live else [])
     try:
-        trainer, implementations = build_trainer(params, BASE, train_set, checkpoints,
-                                                 callbacks=[stopper, LiveMetrics(live)] if live else [stopper])
+        trainer, implementations = build_trainer(params, BASE, train_set, checkpoints, callbacks=callbacks)
         rank0 = trainer.is_world_process_zero()
+        resume = broadcast_object_list([resume])[0]  # rank 0's choice, for every process
         if rank0 and resume:
             print(f"resuming from {resume}", flush=True)
         start = time.perf_counter()
@@ -107,7 +110,7 @@ def main():
              "world_size": trainer.args.world_size, "implementations": implementations,
              "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0}
     write_json(SPEED, speed)
-    shutil.rmtree(checkpoints, ignore_errors=True)  # finished: nothing left to resume
+    clear_run(checkpoints)  # finished: nothing left to resume
     unsent = live.finish("FINISHED", adapter_hash=content_hash(ADAPTER))
     if unsent:
         print(unsent, flush=True)

@@ -12,6 +12,7 @@ import pytest
 from safetensors.torch import load, load_file
 
 from conftest import run, run_env, set_params
+from lora_pipeline.checkpoints import DAMAGED, MANIFEST
 
 ADAPTER = "models/adapter/adapter_model.safetensors"
 
@@ -41,15 +42,22 @@ def run_facts(repo) -> dict:
 
 
 def checkpoints(repo):
+    """The manifests of the complete checkpoints (the train stage writes each one's manifest last)."""
     folder = repo / "checkpoints"
-    return sorted(folder.glob("train-*/checkpoint-*/trainer_state.json")) if folder.is_dir() else []
+    return sorted(folder.glob(f"train-*/checkpoint-*/{MANIFEST}")) if folder.is_dir() else []
+
+
+def complete_checkpoints(repo) -> list:
+    """The complete checkpoints' folders, oldest step first."""
+    return sorted((p.parent for p in checkpoints(repo)), key=lambda folder: int(folder.name.split("-")[1]))
 
 
 def start_training(repo, accelerate_config="cpu"):
-    """`dvc repro train` (never restored from DVC's run cache) in its own process group (so a kill reaches DVC, the launcher and the worker)."""
+    """`dvc repro train` (never restored from DVC's run cache) in its own process group (so a kill reaches DVC, the
+    launcher and the worker)."""
     set_params(repo, **{"train.accelerate_config": accelerate_config})
-    return subprocess.Popen(["dvc", "repro", "--no-run-cache", "train"], cwd=repo, env=run_env(), start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(["dvc", "repro", "--no-run-cache", "train"], cwd=repo, env=run_env(),
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def wait_for_checkpoint_step(proc, repo, step):
@@ -99,9 +107,8 @@ def test_sigkill_of_everything_resumes_from_the_last_checkpoint(short_repo):
     assert not checkpoints(repo), "a finished run leaves no checkpoint behind"
 
 
-def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
-    repo, reference, _ = short_repo
-    forget_training(repo)
+def stopped_training(repo):
+    """Start training, SIGTERM the worker once checkpoint 4 is complete; its output and return code."""
     proc = start_training(repo)
     wait_for_checkpoint_step(proc, repo, 4)
     while not workers(proc):
@@ -109,7 +116,14 @@ def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
     for worker in workers(proc):
         worker.send_signal(signal.SIGTERM)
     output, _ = proc.communicate()
-    assert proc.returncode != 0, "an interrupted training must not count as done"
+    return output, proc.returncode
+
+
+def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
+    repo, reference, _ = short_repo
+    forget_training(repo)
+    output, returncode = stopped_training(repo)
+    assert returncode != 0, "an interrupted training must not count as done"
     assert "checkpoint saved" in output
     stopped_at = int(output.split("stopped by signal 15 at step ")[1].split(";")[0])
     assert stopped_at < 24
@@ -147,11 +161,35 @@ def test_two_processes_resume_after_a_kill(short_repo):
     run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu_ddp.yaml", "-m", "stages.train"], repo)
     reference = load_file(repo / ADAPTER)
     done = killed_training(repo, at_step=4, accelerate_config="cpu_ddp")
+    written = json.loads((complete_checkpoints(repo)[-1] / MANIFEST).read_text())["files"]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= written.keys(), "the manifest waits for every process's files"
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from" in output
     metrics = json.loads((repo / "metrics/train.json").read_text())
     assert metrics["world_size"] == 2 and run_facts(repo)["resumed_from_step"] == done and metrics["steps"] == 24
     assert_same_adapter(repo, reference)
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_the_one_before_resumed(short_repo):
+    """The newest checkpoint's adapter and optimizer state cut off halfway, as a full disk or a lost node leaves
+    them: the next run sets it aside with one line, resumes from the one before and ends as an uninterrupted run.
+    A stop by SIGTERM saves one more checkpoint after checkpoint 4, so there is always one before."""
+    repo, reference, _ = short_repo
+    forget_training(repo)
+    stopped_training(repo)
+    *_, before, newest = complete_checkpoints(repo)
+    for name in ("adapter_model.safetensors", "optimizer.pt"):
+        path = newest / name
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
+    set_aside = [line for line in output.splitlines() if line.startswith(f"{newest.name} set aside in ")]
+    assert len(set_aside) == 1 and "adapter_model.safetensors is " in set_aside[0], output[-3000:]
+    assert f"resuming from {before.relative_to(repo)}" in output
+    assert run_facts(repo)["resumed_from_step"] == int(before.name.split("-")[1])
+    assert json.loads((repo / "metrics/train.json").read_text())["steps"] == 24
+    assert_same_adapter(repo, reference)
+    damaged = newest.parent / DAMAGED / newest.name
+    assert (damaged / "optimizer.pt").is_file() and not checkpoints(repo), "kept aside; the finished run's removed"
 
 
 def test_a_checkpoint_of_other_params_is_not_resumed(short_repo):
