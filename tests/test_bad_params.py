@@ -130,6 +130,13 @@ BAD = [
     # this machine
     case({"train.sft.bf16": True}, "train.sft.bf16", "bf16 True", no_gpu),
     case({"train.sft.fp16": True}, "train.sft.fp16", "fp16 True", no_gpu),
+    case({"train.accelerate_config": "multi_gpu"}, "train.accelerate_config",
+         "multi_gpu starts 8 processes on this machine (num_processes 8), one per GPU, but this machine has no "
+         "CUDA GPU", no_gpu),
+    case({"train.accelerate_config": "multi_gpu_2"}, "train.accelerate_config", "multi_gpu_2 starts 2 processes",
+         no_gpu),
+    case({"train.accelerate_config": "multi_node"}, "train.accelerate_config",
+         "starts 8 processes on this machine (num_processes 16 / num_machines 2)", no_gpu),
     case({"model.attn_implementation": "flash_attention_2"}, "model.attn_implementation", "flash_attention_2",
          pytest.mark.skipif(HAS_FLASH_ATTN, reason="this machine runs flash attention")),
 ]
@@ -171,6 +178,7 @@ def test_every_problem_is_reported_at_once():
      "lora.target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]},
     {"quantization.method": "nf4", "quantization.compute_dtype": "bfloat16", "quantization.double_quant": False},
     {"quantization.method": "int8", "train.accelerate_config": "cpu_ddp"},
+    {"train.accelerate_config": "cpu_ddp"},  # use_cpu: true, 2 CPU processes
     {**GPT_OSS, "merge.save_format": "mxfp4"},
     {"merge.save_format": "model_dtype"},
     # a Hub model not fetched yet: its architecture is unknown, so checked only once fetch has it
@@ -197,6 +205,28 @@ def test_local_model_is_checked_against_its_config(tmp_path):
     validate_all(shipped(**local, **{"quantization.method": "mxfp4-dequantize"}))
     with pytest.raises(ParamsError, match=r"quantization\.method: int8, but the base model stores MXFP4 weights"):
         validate_all(shipped(**local, **{"quantization.method": "int8"}))
+
+
+def test_gpu_processes_are_counted_per_machine_against_the_gpus_present(monkeypatch):
+    """On a machine with 2 GPUs (the count torch reports): each machine's share of num_processes, against all GPUs
+    or those its gpu_ids lists; CPU processes (use_cpu: true) are not counted."""
+    from lora_pipeline.checks import accelerate_config, gpu_count_problem
+    from lora_pipeline.params import Train
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+    def problem(name, **changes):
+        train = Train.model_validate({**shipped()["train"], "accelerate_config": name})
+        return gpu_count_problem(train, {**accelerate_config(train), **changes})
+
+    assert "multi_gpu starts 8 processes" in problem("multi_gpu")
+    assert "this machine has 2 CUDA GPUs; allowed here: a copy with num_processes at most 2" in problem("multi_gpu")
+    assert problem("multi_gpu_2") is None and problem("single_gpu") is None and problem("cpu_ddp") is None
+    assert problem("multi_node", num_processes=4) is None  # 2 machines, 2 processes each
+    assert "starts 4 processes on this machine (num_processes 8 / num_machines 2)" in problem("multi_node",
+                                                                                               num_processes=8)
+    assert "has 1 of the GPUs its gpu_ids lists (1,7) (2 CUDA GPUs in all)" in problem("multi_gpu_2", gpu_ids="1,7")
+    assert problem("cpu_ddp", num_processes=8) is None
 
 
 def test_bitsandbytes_missing_is_refused(monkeypatch):
