@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from lora_pipeline.data import check_data, split_rows
+from lora_pipeline.formats import check_format
 from lora_pipeline.metrics import LANGUAGE_NAMES, mgsm_files
 from lora_pipeline.params import ROOT, ParamsError, StageParams, stage_view, validate
 
@@ -27,6 +28,7 @@ def validate_all(raw: dict, root: Path = ROOT) -> StageParams:
     view = stage_view(params, "validate", root)
     checks = [
         lambda: check_data(view.data),
+        lambda: check_format(view.data),
         lambda: check_split(view.data, view.split),
         lambda: check_model(view.model),
         lambda: check_tiny(view.model),

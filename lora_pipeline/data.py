@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lora_pipeline.chat import Problem, conversation_chars, row_problem
+from lora_pipeline.formats import Converter, FormatError, Rename, check_format
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
@@ -25,6 +26,7 @@ class SourceRow:
     number: int  # 1-based among the source's rows
     row: dict | Problem
     line: int | None = None  # text files: the line the row starts on
+    rename: Rename | None = None  # names a problem in the converted messages by the source's own fields
 
     def where(self, label: str) -> str:
         line = f" (line {self.line})" if self.line is not None and self.line != self.number else ""
@@ -33,19 +35,32 @@ class SourceRow:
 
 def load_rows(data_params) -> tuple[list[dict], dict]:
     """The usable rows of the configured source, and what reading them found (rows in, kept, dropped per reason)."""
-    label, source_rows = read_source(data_params)
+    rows, counts, _ = load_data(data_params)
+    return rows, counts
+
+
+def load_data(data_params) -> tuple[list[dict], dict, str]:
+    """load_rows, and the format the rows were in (data.format, or the one detected from the first row)."""
+    label, source_rows, data_format = read_source(data_params)
     if data_params.max_rows:
         source_rows = source_rows[: data_params.max_rows]
-    return clean_rows(source_rows, label, data_params.bad_rows, data_params.max_chars)
+    return (*clean_rows(source_rows, label, data_params.bad_rows, data_params.max_chars), data_format)
 
 
-def read_source(data_params) -> tuple[str, list[SourceRow]]:
-    """(label naming the source in messages, its rows) for builtin, hub or local data."""
-    if data_params.source == "builtin":
+def read_source(data_params) -> tuple[str, list[SourceRow], str]:
+    """(label naming the source in messages, its rows as messages rows, their format) for builtin, hub or local
+    data."""
+    if data_params.source == "builtin":  # generated as messages rows
         from lora_pipeline import builtin_data
 
         rows = builtin_data.generate(data_params.builtin_rows, data_params.builtin_seed)
-        return "builtin data", [SourceRow(i, row) for i, row in enumerate(rows, 1)]
+        return "builtin data", [SourceRow(i, row) for i, row in enumerate(rows, 1)], "messages"
+    try:
+        check_format(data_params)
+    except FormatError as exc:
+        raise DataError(str(exc)) from None
+    noun = "data set" if data_params.source == "hub" else "file"
+    converter = Converter(data_params.format, data_params.columns, noun)
     if data_params.source == "hub":
         import datasets
 
@@ -60,9 +75,12 @@ def read_source(data_params) -> tuple[str, list[SourceRow]]:
                 raise
             raise DataError(str(error)) from None
         label = f"{data_params.name} ({data_params.hub_split})"
-        return label, [SourceRow(i, decode_messages(row)) for i, row in enumerate(dataset.to_list(), 1)]
+        if problem := converter.header_problem(dataset.column_names):
+            raise DataError(f"{label}: {problem}")
+        rows = [SourceRow(i, row) for i, row in enumerate(dataset.to_list(), 1)]
+        return label, as_messages(rows, label, converter), converter.format
     check_data(data_params)
-    return data_params.name, read_local(Path(data_params.name), data_params.name)
+    return data_params.name, read_local(Path(data_params.name), data_params.name, converter), converter.format
 
 
 def check_data(data) -> None:
@@ -78,21 +96,35 @@ def check_data(data) -> None:
             raise ValueError(f"data.name: {path} has suffix '{path.suffix}'; supported: {sorted(LOCAL_FORMATS)}")
 
 
-def read_local(path: Path, label: str) -> list[SourceRow]:
-    """Rows of a .jsonl/.json/.parquet/.csv/.tsv file; a file that cannot be read at all raises DataError."""
+def read_local(path: Path, label: str, converter: Converter | None = None) -> list[SourceRow]:
+    """Rows of a .jsonl/.json/.parquet/.csv/.tsv file as messages rows (of any format with the default converter);
+    a file that cannot be read at all, or whose rows are of no or of several formats, raises DataError."""
+    converter = converter or Converter("auto", {})
     if path.suffix == ".parquet":
-        rows = [SourceRow(i, decode_messages(row)) for i, row in enumerate(_parquet_rows(path, label), 1)]
+        rows = [SourceRow(i, row) for i, row in enumerate(_parquet_rows(path, label, converter), 1)]
     else:
         text = _utf8_text(path, label)
         if path.suffix in (".csv", ".tsv"):
-            rows = _csv_rows(text, label, "\t" if path.suffix == ".tsv" else ",")
+            rows = _csv_rows(text, label, "\t" if path.suffix == ".tsv" else ",", converter)
         elif path.suffix == ".json" and text.lstrip().startswith("["):
             rows = _json_array_rows(text, label)
         else:
             rows = _json_lines_rows(text)
     if not rows:
         raise DataError(f"{label}: has no rows")
-    return rows
+    return as_messages(rows, label, converter, text_cells=path.suffix in (".csv", ".tsv"))
+
+
+def as_messages(source_rows: list[SourceRow], label: str, converter: Converter,
+                text_cells: bool = False) -> list[SourceRow]:
+    """Each row turned into a messages row in place (or the Problem that makes it a bad row); rows of another format
+    than the first's, or a first row of none, raise DataError whatever data.bad_rows says."""
+    for source_row in source_rows:
+        try:
+            source_row.row, source_row.rename = converter.convert(source_row.number, source_row.row, text_cells)
+        except FormatError as exc:
+            raise DataError(f"{source_row.where(label)}: {exc}") from None
+    return source_rows
 
 
 def _utf8_text(path: Path, label: str) -> str:
@@ -113,7 +145,7 @@ def _json_lines_rows(text: str) -> list[SourceRow]:
         if not line.strip():
             continue
         try:
-            row = decode_messages(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as exc:
             row = Problem("invalid_json", f"line {line_no}: not valid JSON ({exc.msg} at column {exc.colno})")
         rows.append(SourceRow(len(rows) + 1, row, line_no))
@@ -125,49 +157,38 @@ def _json_array_rows(text: str, label: str) -> list[SourceRow]:
         rows = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{label} line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    return [SourceRow(i, decode_messages(row)) for i, row in enumerate(rows, 1)]
+    return [SourceRow(i, row) for i, row in enumerate(rows, 1)]
 
 
-def _csv_rows(text: str, label: str, delimiter: str) -> list[SourceRow]:
-    """CSV/TSV rows; the messages column holds each conversation as JSON text."""
+def _csv_rows(text: str, label: str, delimiter: str, converter: Converter) -> list[SourceRow]:
+    """CSV/TSV rows; list-valued columns (messages, conversations, prompt/completion) hold JSON text."""
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         header = next(reader)
-        if "messages" not in header:
-            raise DataError(f"{label} line 1: no 'messages' column (columns: {', '.join(header)})")
+        if problem := converter.header_problem(header):
+            raise DataError(f"{label} line 1: {problem}")
         rows, line = [], reader.line_num + 1
         for cells in reader:
             if cells:
                 row = dict(zip(header, cells)) if len(cells) == len(header) else Problem(
                     "wrong_column_count", f"row: {len(cells)} cells for {len(header)} columns")
-                rows.append(SourceRow(len(rows) + 1, decode_messages(row), line))
+                rows.append(SourceRow(len(rows) + 1, row, line))
             line = reader.line_num + 1  # the next row starts after the lines this one spanned
     except csv.Error as exc:
         raise DataError(f"{label} line {reader.line_num}: {exc}") from None
     return rows
 
 
-def _parquet_rows(path: Path, label: str) -> list[dict]:
+def _parquet_rows(path: Path, label: str, converter: Converter) -> list[dict]:
     import pyarrow.parquet as pq
 
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise DataError(f"{label}: cannot be read as Parquet ({exc})") from None
-    if "messages" not in table.column_names:
-        raise DataError(f"{label}: no 'messages' column (columns: {', '.join(table.column_names)})")
+    if problem := converter.header_problem(table.column_names):
+        raise DataError(f"{label}: {problem}")
     return table.to_pylist()
-
-
-def decode_messages(row):
-    """The row with `messages` given as JSON text (csv/tsv cells, some Hub sets) parsed; a Problem if it is not JSON."""
-    if not isinstance(row, dict) or not isinstance(row.get("messages"), str):
-        return row
-    try:
-        return {**row, "messages": json.loads(row["messages"])}
-    except json.JSONDecodeError as exc:
-        return Problem("messages_not_json",
-                       f"messages: text that is not valid JSON ({exc.msg} at column {exc.colno}): {row['messages']!r:.60}")
 
 
 def clean_rows(source_rows: list[SourceRow], label: str, bad_rows: str, max_chars: int) -> tuple[list[dict], dict]:
@@ -175,6 +196,8 @@ def clean_rows(source_rows: list[SourceRow], label: str, bad_rows: str, max_char
     kept, dropped, first_seen = [], Counter(), {}
     for source_row in source_rows:
         problem = _problem(source_row, max_chars, first_seen)
+        if problem and source_row.rename:
+            problem = problem._replace(detail=source_row.rename(problem.detail))
         if problem is None:
             kept.append(source_row.row)
         elif bad_rows == "fail":

@@ -74,6 +74,9 @@ class Data(_Section):
     name: str  # Hub dataset id (hub) or file path (local: .jsonl .json .parquet .csv .tsv)
     revision: str
     hub_split: str
+    # auto: detected from the first row (lora_pipeline/formats.py lists each format's fields)
+    format: Literal["auto", "messages", "prompt_completion", "sharegpt", "alpaca"]
+    columns: dict[str, str]  # a format's field name -> the data set's column holding it
     builtin_rows: int = Field(ge=10)
     builtin_seed: int
     max_rows: int = Field(ge=0)  # 0 keeps every row

@@ -1,8 +1,10 @@
 """fetch: the data set's usable rows to data/raw (counts in metrics/data.json) and the base model to models/base.
 
     python -m stages.fetch
-A bad row stops the stage with one line naming the file, row and field (data.bad_rows: fail), or is dropped and
-counted per reason (drop). A Hub that is offline or unreachable stops it with one line naming the id and revision.
+Rows of any format that lora_pipeline/formats.py reads (data.format, or the one detected from the first row, which
+metrics/data.json records) are written as messages rows. A bad row stops the stage with one line naming the file, row
+and field (data.bad_rows: fail), or is dropped and counted per reason (drop). A Hub that is offline or unreachable
+stops it with one line naming the id and revision.
 Both outputs are written to staging folders and moved into place only once both are complete, so a failure never
 leaves half a download (or new data beside an old model) where the outputs were.
 """
@@ -11,7 +13,7 @@ import sys
 from pathlib import Path
 
 from lora_pipeline.checks import check_model
-from lora_pipeline.data import DataError, load_rows, write_jsonl
+from lora_pipeline.data import DataError, load_data, write_jsonl
 from lora_pipeline.hub import HubUnreachable, download_model
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json
 from lora_pipeline.params import load_params
@@ -24,7 +26,7 @@ def main():
     data, model = params.data, params.model
     raw, base = staging_dir(RAW), staging_dir(BASE)
     try:
-        rows, counts = load_rows(data)
+        rows, counts, data_format = load_data(data)
         write_jsonl(rows, raw / "data.jsonl")
         write_json(raw / "source.json", {"source": data.source, "name": data.name, "revision": data.revision,
                                          "rows": len(rows)})
@@ -47,9 +49,11 @@ def main():
         raise
     replace_dir(raw, RAW)
     replace_dir(base, BASE)
-    write_json(METRICS, counts)
+    write_json(METRICS, {"format": data_format, **counts})
     dropped = ", ".join(f"{n} {reason}" for reason, n in counts["dropped"].items())
-    print(f"data: {len(rows)} rows from {data.source} {data.name} -> {RAW}" + (f" (dropped: {dropped})" if dropped else ""))
+    detected = " (detected)" if data.format == "auto" and data.source != "builtin" else ""
+    print(f"data: {len(rows)} rows from {data.source} {data.name}, format {data_format}{detected} -> {RAW}"
+          + (f" (dropped: {dropped})" if dropped else ""))
     print(f"model: {model.source} {model.name} -> {BASE}")
 
 

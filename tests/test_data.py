@@ -76,7 +76,7 @@ BAD_ROWS = {
                      r"messages\[0\]\.role: 'bot' is not one of"),
     "message not an object": ({"messages": ["hi", turn("assistant", "b")]}, "bad_message",
                               r"messages\[0\]: must be an object"),
-    "no messages": ({"prompt": "a", "completion": "b"}, "not_a_conversation", r"messages: missing"),
+    "no messages": ({"question": "a", "answer": "b"}, "not_a_conversation", r"messages: missing"),
     "empty messages": ({"messages": []}, "not_a_conversation", r"messages: must be a non-empty list"),
     "messages as plain text": ({"messages": "hello there"}, "messages_not_json",
                                r"messages: text that is not valid JSON"),
@@ -136,8 +136,8 @@ def test_nothing_left_names_the_filters(tmp_path, monkeypatch):
     ("mydata.csv", b" \n\n", r"data/local/mydata\.csv: the file is empty"),
     ("mydata.jsonl", jsonl(*GOOD[:2]).encode() + b'{"messages": "caf\xe9"}\n',
      r"data/local/mydata\.jsonl line 3: not valid UTF-8 \(byte 0xe9"),
-    ("mydata.csv", b"prompt,completion\na,b\n", r"data/local/mydata\.csv line 1: no 'messages' column "
-                                                r"\(columns: prompt, completion\)"),
+    ("mydata.csv", b"question,answer\na,b\n", r"data/local/mydata\.csv line 1: the columns match no format; "
+                                            r"expected one of: messages \(messages\), .* \(columns: question, answer\)"),
     ("mydata.json", b'[\n{"messages": []},\n{"messages": [}\n]', r"data/local/mydata\.json line 3: not valid JSON"),
     ("mydata.json", b"[]", r"data/local/mydata\.json: has no rows"),
     ("mydata.tsv", b"messages\treasoning_language\n", r"data/local/mydata\.tsv: has no rows"),
@@ -151,7 +151,7 @@ def test_unreadable_file_always_fails_naming_file_and_line(tmp_path, monkeypatch
 def test_parquet_without_messages_column(tmp_path, monkeypatch):
     import pandas as pd
 
-    data = local(tmp_path, monkeypatch, "mydata.parquet", b"")
+    data = local(tmp_path, monkeypatch, "mydata.parquet", b"").model_copy(update={"format": "messages"})
     pd.DataFrame([{"prompt": "a", "completion": "b"}]).to_parquet(data.name)
     with pytest.raises(DataError, match=r"^data/local/mydata\.parquet: no 'messages' column \(columns: prompt, comp"):
         load_rows(data)

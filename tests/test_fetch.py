@@ -29,14 +29,15 @@ def test_editing_the_local_file_reruns_fetch_and_counts_dropped_rows(repo):
     write_rows(repo / "data/local/mydata.jsonl", ROWS[:20] + [NO_ANSWER])
     assert "Running stage 'fetch'" in run(["dvc", "repro", "fetch"], repo)
     metrics = json.loads((repo / "metrics/data.json").read_text())
-    assert metrics == {"rows_in": 21, "rows_kept": 20, "dropped": {"no_assistant_turn": 1}}
+    assert metrics == {"format": "messages", "rows_in": 21, "rows_kept": 20, "dropped": {"no_assistant_turn": 1}}
     assert "Running stage 'fetch'" not in run(["dvc", "repro", "fetch"], repo)  # nothing changed
 
     write_rows(repo / "data/local/mydata.jsonl", ROWS[:20] + [NO_ANSWER, ROWS[0], ROWS[20]])
     assert "data/local" in run(["dvc", "status", "fetch"], repo)
     assert "Running stage 'fetch'" in run(["dvc", "repro", "fetch"], repo)
     metrics = json.loads((repo / "metrics/data.json").read_text())
-    assert metrics == {"rows_in": 23, "rows_kept": 21, "dropped": {"duplicate": 1, "no_assistant_turn": 1}}
+    assert metrics == {"format": "messages", "rows_in": 23, "rows_kept": 21,
+                       "dropped": {"duplicate": 1, "no_assistant_turn": 1}}
     assert "metrics/data.json" in run(["dvc", "metrics", "show"], repo)
 
 
