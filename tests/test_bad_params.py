@@ -57,6 +57,7 @@ BAD = [
     case({"train.sft.max_length": 5}, "train.sft.max_length", "(got 5)"),
     case({"eval.batch_size": 0}, "eval.batch_size", "(got 0)"),
     case({"data.max_rows": -1}, "data.max_rows", "(got -1)"),
+    case({"data.format": "jsonl"}, "data.format", "'jsonl'"),
     case({"model.dtype": "fp8"}, "model.dtype", "'fp8'"),
     case({"register.log_mode": "weights"}, "register.log_mode", "'weights'"),
     case({"split.test_size": 0}, "split.test_size", "(got 0)"),
@@ -90,6 +91,8 @@ BAD = [
     # files and language codes
     case({"data.source": "local", "data.name": "../outside.jsonl"}, "data.name", "../outside.jsonl"),
     case({"data.source": "local", "data.name": "data/local/missing.jsonl"}, "data.name", "missing.jsonl"),
+    case({"data.source": "hub", "data.name": "org/rows", "data.format": "alpaca", "data.columns": {"answer": "a"}},
+         "data.columns.answer", "allowed: ['instruction', 'output', 'input', 'system']"),
     case({"model.source": "local", "model.name": "configs"}, "model.name", "configs is not a model folder"),
     case({"eval.languages": ["en", "xx"]}, "eval.languages", "unknown codes ['xx']"),
     case({"eval.mgsm.path": "hub", "eval.mgsm.languages": ["de", "yy"]}, "eval.mgsm.languages", "['yy']"),

@@ -1,0 +1,295 @@
+"""Data set formats: each converts to messages rows, bad rows of each are named by their own fields (or dropped and
+counted), mixed or unknown formats fail, and data.columns maps a format's fields to other column names."""
+import csv
+import io
+import json
+from pathlib import Path
+from typing import get_args
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from lora_pipeline.data import DataError, load_data, load_rows
+from lora_pipeline.formats import FORMATS, FormatError, check_format
+from lora_pipeline.params import Data
+
+
+def data_params(**changes) -> Data:
+    return Data.model_validate({**yaml.safe_load((ROOT / "params.yaml").read_text())["data"], **changes})
+
+
+def local(tmp_path, monkeypatch, name: str, content: str, **changes) -> Data:
+    """A file under data/local/ in a temporary working directory, and the data params that name it."""
+    monkeypatch.chdir(tmp_path)
+    path = Path("data/local") / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content, encoding="utf-8")
+    return data_params(**{"source": "local", "name": str(path), "bad_rows": "fail", "max_chars": 0, **changes})
+
+
+def jsonl(*rows) -> str:
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def csv_text(rows: list[list[str]], delimiter=",") -> str:
+    out = io.StringIO()
+    csv.writer(out, delimiter=delimiter).writerows(rows)
+    return out.getvalue()
+
+
+def msg(role, content):
+    return {"role": role, "content": content}
+
+
+def qa(i: int) -> list[dict]:
+    return [msg("user", f"question {i}"), msg("assistant", f"answer {i}")]
+
+
+# A good row of each format (distinct per i), and the messages it becomes.
+GOOD = {
+    "messages": lambda i: ({"messages": qa(i)}, qa(i)),
+    "prompt_completion": lambda i: ({"prompt": f"question {i}", "completion": f"answer {i}"}, qa(i)),
+    "prompt_completion_conversational": lambda i: (
+        {"prompt": [msg("system", "be brief"), msg("user", f"question {i}")],
+         "completion": [msg("assistant", f"answer {i}")]},
+        [msg("system", "be brief"), *qa(i)]),
+    "sharegpt": lambda i: (
+        {"id": i, "conversations": [{"from": "system", "value": "be brief"},
+                                    {"from": "human", "value": f"question {i}"},
+                                    {"from": "gpt", "value": f"answer {i}"},
+                                    {"from": "user", "value": "and?"}, {"from": "assistant", "value": "done"}]},
+        [msg("system", "be brief"), *qa(i), msg("user", "and?"), msg("assistant", "done")]),
+    "alpaca": lambda i: ({"instruction": f"question {i}", "input": "", "output": f"answer {i}", "id": i}, qa(i)),
+    "alpaca_input_system": lambda i: (
+        {"instruction": f"question {i}", "input": "the data", "output": f"answer {i}", "system": "be brief"},
+        [msg("system", "be brief"), msg("user", f"question {i}\n\nthe data"), msg("assistant", f"answer {i}")]),
+}
+
+
+def format_of(case: str) -> str:
+    return next(name for name in FORMATS if case.startswith(name))
+
+
+def good_rows(case: str, n=3) -> tuple[list[dict], list[dict]]:
+    """(n good rows of a case, the messages rows they become)"""
+    pairs = [GOOD[case](i) for i in range(n)]
+    return [row for row, _ in pairs], [{"messages": messages} for _, messages in pairs]
+
+
+@pytest.mark.parametrize("case", GOOD)
+@pytest.mark.parametrize("data_format", ["auto", "named"])
+def test_each_format_converts_to_messages(tmp_path, monkeypatch, case, data_format):
+    rows, expected = good_rows(case)
+    chosen = format_of(case) if data_format == "named" else "auto"
+    data = local(tmp_path, monkeypatch, "rows.jsonl", jsonl(*rows), format=chosen)
+    converted, counts, detected = load_data(data)
+    assert converted == expected  # other columns (id) of converted formats are left out
+    assert detected == format_of(case) and counts == {"rows_in": 3, "rows_kept": 3, "dropped": {}}
+
+
+def test_messages_rows_keep_their_other_columns(tmp_path, monkeypatch):
+    rows = [{"messages": qa(i), "reasoning_language": "German"} for i in range(2)]
+    assert load_rows(local(tmp_path, monkeypatch, "rows.jsonl", jsonl(*rows)))[0] == rows
+
+
+def test_builtin_rows_are_messages():
+    _, _, detected = load_data(data_params(builtin_rows=20))
+    assert detected == "messages"
+
+
+# (the case whose good rows surround it, the bad third row, the reason it is dropped for, what the error names)
+BAD = {
+    "messages empty content": ("messages", {"messages": [msg("user", "a"), msg("assistant", "")]}, "empty_content",
+                               r"messages\[1\]\.content: empty"),
+    "prompt a number": ("prompt_completion", {"prompt": 7, "completion": "b"}, "not_a_conversation",
+                        r"prompt: must be a string or a list of messages, got int"),
+    "completion empty": ("prompt_completion", {"prompt": "a", "completion": " "}, "empty_content",
+                         r"completion: empty"),
+    "prompt text, completion list": ("prompt_completion", {"prompt": "a", "completion": [msg("assistant", "b")]},
+                                     "not_a_conversation", r"completion: a list after a prompt that is a string"),
+    "completion turn out of order": ("prompt_completion_conversational",
+                                     {"prompt": [msg("user", "a")], "completion": [msg("assistant", "b")] * 2},
+                                     "roles_out_of_order", r"completion\[1\]\.role: 'assistant' follows 'assistant'"),
+    "prompt turn without content": ("prompt_completion_conversational",
+                                    {"prompt": [{"role": "user"}], "completion": [msg("assistant", "b")]},
+                                    "non_string_content", r"prompt\[0\]\.content: must be a string, got NoneType"),
+    "sharegpt unknown from": ("sharegpt", {"conversations": [{"from": "human", "value": "a"},
+                                                             {"from": "robot", "value": "b"}]},
+                              "unknown_role", r"conversations\[1\]\.from: 'robot' is not one of \('human', 'gpt'"),
+    "sharegpt value a number": ("sharegpt", {"conversations": [{"from": "human", "value": "a"},
+                                                               {"from": "gpt", "value": 5}]},
+                                "non_string_content", r"conversations\[1\]\.value: must be a string, got int"),
+    "sharegpt two human turns": ("sharegpt", {"conversations": [{"from": "human", "value": "a"},
+                                                                {"from": "human", "value": "b"},
+                                                                {"from": "gpt", "value": "c"}]},
+                                 "roles_out_of_order", r"conversations\[1\]\.from: 'user' follows 'user'"),
+    "sharegpt no gpt turn": ("sharegpt", {"conversations": [{"from": "human", "value": "a"}]}, "no_assistant_turn",
+                             r"conversations: no assistant turn"),
+    "sharegpt turn not an object": ("sharegpt", {"conversations": ["a", {"from": "gpt", "value": "b"}]},
+                                    "bad_message", r"conversations\[0\]: must be an object with from and value"),
+    "sharegpt empty": ("sharegpt", {"conversations": []}, "not_a_conversation",
+                       r"conversations: must be a non-empty list"),
+    "sharegpt JSON text that does not parse": ("sharegpt", {"conversations": "[{"}, "conversations_not_json",
+                                               r"conversations: text that is not valid JSON"),
+    "alpaca without output": ("alpaca", {"instruction": "a", "input": "b"}, "not_a_conversation", r"output: missing"),
+    "alpaca empty output": ("alpaca", {"instruction": "a", "output": ""}, "empty_content", r"output: empty"),
+    "alpaca empty instruction": ("alpaca", {"instruction": " ", "input": "b", "output": "c"}, "empty_content",
+                                 r"instruction: empty"),
+    "alpaca input a number": ("alpaca", {"instruction": "a", "input": 3, "output": "c"}, "non_string_content",
+                              r"input: must be a string or null, got int"),
+    "alpaca duplicate": ("alpaca", GOOD["alpaca"](0)[0], "duplicate",
+                         r"instruction, output: the same conversation as row 1"),
+    "alpaca too long": ("alpaca", {"instruction": "a" * 30, "output": "b" * 30}, "too_long",
+                        r"instruction, output: 60 characters of text, over data.max_chars 50"),
+}
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_bad_row_fails_naming_file_row_and_source_field(tmp_path, monkeypatch, kind):
+    case, bad, _, fragment = BAD[kind]
+    rows, _ = good_rows(case)
+    data = local(tmp_path, monkeypatch, "rows.jsonl", jsonl(rows[0], rows[1], bad, rows[2]), max_chars=50)
+    with pytest.raises(DataError, match=rf"^data/local/rows\.jsonl row 3: {fragment}"):
+        load_rows(data)
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_bad_row_is_dropped_and_counted(tmp_path, monkeypatch, kind):
+    case, bad, reason, _ = BAD[kind]
+    rows, expected = good_rows(case)
+    data = local(tmp_path, monkeypatch, "rows.jsonl", jsonl(rows[0], rows[1], bad, rows[2]), bad_rows="drop",
+                 max_chars=50)
+    assert load_rows(data) == (expected, {"rows_in": 4, "rows_kept": 3, "dropped": {reason: 1}})
+
+
+@pytest.mark.parametrize("bad_rows", ["fail", "drop"])
+def test_a_file_of_mixed_formats_fails_whatever_bad_rows_says(tmp_path, monkeypatch, bad_rows):
+    alpaca, _ = good_rows("alpaca")
+    sharegpt, _ = good_rows("sharegpt")
+    data = local(tmp_path, monkeypatch, "x.jsonl", jsonl(*alpaca[:2], sharegpt[0]), bad_rows=bad_rows)
+    with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 3: a sharegpt \(conversations\) row in a file "
+                                        r"whose first row is alpaca \(instruction, output\)"):
+        load_rows(data)
+    named = local(tmp_path, monkeypatch, "x.jsonl", jsonl(*sharegpt), bad_rows=bad_rows, format="alpaca")
+    with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 1: a sharegpt \(conversations\) row where "
+                                        r"data\.format is alpaca \(instruction, output\)"):
+        load_rows(named)
+
+
+def test_the_format_is_detected_from_the_first_object_row(tmp_path, monkeypatch):
+    rows, expected = good_rows("sharegpt")
+    text = "not JSON\n" + jsonl(*rows) + jsonl(*good_rows("messages")[0][:1])
+    data = local(tmp_path, monkeypatch, "x.jsonl", text, bad_rows="drop")
+    with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 5: a messages \(messages\) row in a file whose "
+                                        r"first row \(row 2\) is sharegpt"):
+        load_rows(data)
+    data = local(tmp_path, monkeypatch, "x.jsonl", "not JSON\n" + jsonl(*rows), bad_rows="drop")
+    assert load_data(data) == (expected, {"rows_in": 4, "rows_kept": 3, "dropped": {"invalid_json": 1}}, "sharegpt")
+
+
+@pytest.mark.parametrize("bad_rows", ["fail", "drop"])
+def test_a_file_of_no_format_fails_naming_what_was_expected(tmp_path, monkeypatch, bad_rows):
+    data = local(tmp_path, monkeypatch, "x.jsonl", jsonl({"question": "a", "answer": "b"}), bad_rows=bad_rows)
+    with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 1: matches no format; expected one of: messages "
+                                        r"\(messages\), prompt_completion \(prompt, completion\), sharegpt "
+                                        r"\(conversations\), alpaca \(instruction, output\) \(columns: question, "
+                                        r"answer\)$"):
+        load_rows(data)
+    table = local(tmp_path, monkeypatch, "x.csv", "question,answer\na,b\n", bad_rows=bad_rows)
+    with pytest.raises(DataError, match=r"^data/local/x\.csv line 1: the columns match no format; expected one of: "
+                                        r"messages \(messages\), .*alpaca \(instruction, output\) \(columns: "):
+        load_rows(table)
+    named = local(tmp_path, monkeypatch, "x.csv", "instruction,answer\na,b\n", bad_rows=bad_rows, format="alpaca")
+    with pytest.raises(DataError, match=r"^data/local/x\.csv line 1: no 'output' column \(columns: instruction, "):
+        load_rows(named)
+
+
+def test_column_mapping_in_a_file(tmp_path, monkeypatch):
+    columns = {"instruction": "question", "input": "context", "output": "answer"}
+    rows = [{"question": f"q{i}", "context": "c" if i else None, "answer": f"a{i}"} for i in range(3)]
+    data = local(tmp_path, monkeypatch, "x.jsonl", jsonl(*rows), columns=columns)
+    converted, _, detected = load_data(data)
+    assert detected == "alpaca"
+    assert converted[0]["messages"] == [msg("user", "q0"), msg("assistant", "a0")]
+    assert converted[1]["messages"][0] == msg("user", "q1\n\nc")
+    bad = local(tmp_path, monkeypatch, "x.jsonl", jsonl(*rows, {"question": "q", "answer": 1}), columns=columns)
+    with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 4: answer: must be a string, got int"):
+        load_rows(bad)
+    unmapped = local(tmp_path, monkeypatch, "x.jsonl", jsonl(*rows), columns={"instruction": "question"})
+    with pytest.raises(DataError, match=r"row 1: matches no format; .* alpaca \(question, output\)"):
+        load_rows(unmapped)
+    dialogs = [{"dialog": [msg("user", f"q{i}"), msg("assistant", "")], "lang": "de"} for i in range(2)]
+    renamed = local(tmp_path, monkeypatch, "x.jsonl", jsonl(*dialogs), columns={"messages": "dialog"})
+    with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 1: dialog\[1\]\.content: empty"):
+        load_rows(renamed)
+    dialogs[1]["dialog"][1]["content"] = "a"
+    renamed = local(tmp_path, monkeypatch, "x.jsonl", jsonl(*dialogs), columns={"messages": "dialog"}, bad_rows="drop")
+    kept, counts = load_rows(renamed)
+    assert kept == [{"messages": dialogs[1]["dialog"], "lang": "de"}] and counts["dropped"] == {"empty_content": 1}
+
+
+def test_column_mapping_in_a_csv_with_json_cells(tmp_path, monkeypatch):
+    turns = [[{"from": "human", "value": f"question {i}"}, {"from": "gpt", "value": f"answer {i}"}] for i in range(2)]
+    cells = [["dialog", "note"]] + [[json.dumps(t), "n"] for t in turns] + [["[{", "n"]]
+    data = local(tmp_path, monkeypatch, "x.csv", csv_text(cells), columns={"conversations": "dialog"})
+    with pytest.raises(DataError, match=r"^data/local/x\.csv row 3 \(line 4\): dialog: text that is not valid JSON"):
+        load_rows(data)
+    rows, counts, detected = load_data(data.model_copy(update={"bad_rows": "drop"}))
+    assert rows == [{"messages": qa(i)} for i in range(2)] and detected == "sharegpt"
+    assert counts["dropped"] == {"conversations_not_json": 1}
+
+    prompt = json.dumps([msg("user", "question 0")])
+    cells = [["ask", "say"], ["[1] plus [2]?", "3"], [prompt, json.dumps([msg("assistant", "answer 0")])]]
+    columns = {"prompt": "ask", "completion": "say"}
+    tsv = local(tmp_path, monkeypatch, "x.tsv", csv_text(cells, "\t"), columns=columns)
+    assert load_data(tsv)[::2] == ([{"messages": [msg("user", "[1] plus [2]?"), msg("assistant", "3")]},
+                                    {"messages": qa(0)}], "prompt_completion")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet", ".csv", ".tsv"])
+def test_alpaca_in_every_file_type(tmp_path, monkeypatch, suffix):
+    import pandas as pd
+
+    rows, expected = good_rows("alpaca_input_system")
+    data = local(tmp_path, monkeypatch, f"x{suffix}", "")
+    frame = pd.DataFrame(rows)
+    if suffix in (".jsonl", ".json"):
+        frame.to_json(data.name, orient="records", lines=suffix == ".jsonl")
+    elif suffix == ".parquet":
+        frame.to_parquet(data.name)
+    else:
+        frame.to_csv(data.name, index=False, sep="\t" if suffix == ".tsv" else ",")
+    assert load_data(data)[::2] == (expected, "alpaca")
+
+
+def test_hub_rows_are_converted_and_named_by_their_fields(monkeypatch):
+    import datasets
+
+    rows, expected = good_rows("sharegpt", 2)
+    bad = {"id": 9, "conversations": [{"from": "human", "value": "a"}, {"from": "robot", "value": "b"}]}
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list([rows[0], bad, rows[1]]))
+    data = data_params(source="hub", name="org/set", bad_rows="fail", max_chars=0)
+    with pytest.raises(DataError, match=r"^org/set \(train\) row 2: conversations\[1\]\.from: 'robot'"):
+        load_rows(data)
+    assert load_data(data.model_copy(update={"bad_rows": "drop"}))[::2] == (expected, "sharegpt")
+    with pytest.raises(DataError, match=r"^org/set \(train\): no 'instruction', 'output' columns \(columns: id, "):
+        load_rows(data.model_copy(update={"format": "alpaca"}))
+
+
+def test_params_name_the_formats_formats_py_reads():
+    assert set(get_args(Data.model_fields["format"].annotation)) == {"auto", *FORMATS}
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"source": "local", "name": "data/local/x.jsonl", "format": "alpaca", "columns": {"answer": "a"}},
+     r"data\.columns\.answer: not a field of format alpaca; allowed: \['instruction', 'output', 'input', 'system'\]"),
+    ({"source": "hub", "name": "org/set", "columns": {"question": "q"}},
+     r"data\.columns\.question: not a field of any format \(data\.format auto\); allowed: \['messages', 'prompt'"),
+    ({"format": "sharegpt"}, r"data\.format: sharegpt, but data\.source builtin yields messages rows"),
+    ({"columns": {"messages": "dialog"}}, r"data\.columns: data\.source builtin has no columns to map"),
+])
+def test_format_params_that_cannot_apply(changes, fragment):
+    with pytest.raises(FormatError, match=fragment):
+        check_format(data_params(**changes))
+    check_format(data_params(**{**changes, "columns": {}, "format": "auto"}))
