@@ -22,6 +22,7 @@ import torch
 from accelerate.utils import broadcast_object_list
 from datasets import Dataset
 
+from lora_pipeline import cpu_numerics
 from lora_pipeline.chat import conversation
 from lora_pipeline.checkpoints import clear_run, content_hash, hold_run_lock, last_complete, run_dir, run_fingerprint
 from lora_pipeline.data import read_jsonl
@@ -107,6 +108,7 @@ def main():
     speed = {"seconds": seconds, "tokens_per_s": (trainer.state.num_input_tokens_seen - tokens_before) / seconds,
              "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+             "cpu_kernels": cpu_numerics.describe(),
              "world_size": trainer.args.world_size, "implementations": implementations,
              "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0}
     write_json(SPEED, speed)
