@@ -102,6 +102,9 @@ SHORT_RUN_OUTPUTS = ["data/raw", "data/split", "models/base", "models/adapter", 
 # holds a core the other needs (spinning threads slow two trainings on two cores down several times over). Waiting
 # does not change what is computed.
 SIDE_BY_SIDE = {"OMP_WAIT_POLICY": "PASSIVE"}
+# What a CPU without AVX2 would make each library choose: the second clone runs under it, and the pipeline's own
+# pins (lora_pipeline.cpu_numerics) must still give the first clone's bits.
+OTHER_INSTRUCTION_SET = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 
 
 @dataclass
@@ -123,8 +126,9 @@ def output_md5s(repo: Path) -> dict:
 @pytest.fixture(scope="session")
 def short_runs(tmp_path_factory):
     """SHORT_RUN in two clones at different paths, reproduced side by side up to merge (no stage after it reads
-    what the tests check). The first is reproduced up to split, committed ("short run, data ready"), then up to
-    merge: test_resume goes on from that commit; test_reproducible compares the two clones' outputs."""
+    what the tests check), the second under OTHER_INSTRUCTION_SET. The first is reproduced up to split, committed
+    ("short run, data ready"), then up to merge: test_resume goes on from that commit; test_reproducible compares
+    the two clones' outputs."""
     first = copy_repo(tmp_path_factory.mktemp("short-run") / "repo")
     second = copy_repo(tmp_path_factory.mktemp("second-clone-elsewhere") / "repo")
     for repo in (first, second):
@@ -137,7 +141,8 @@ def short_runs(tmp_path_factory):
         run(["dvc", "repro", "merge"], first, env=SIDE_BY_SIDE)
 
     with ThreadPoolExecutor(2) as pool:
-        done = [pool.submit(reproduce_first), pool.submit(run, ["dvc", "repro", "merge"], second, env=SIDE_BY_SIDE)]
+        done = [pool.submit(reproduce_first), pool.submit(run, ["dvc", "repro", "merge"], second,
+                                                           env={**SIDE_BY_SIDE, **OTHER_INSTRUCTION_SET})]
         for future in done:
             future.result()
     kept = ["models/adapter/adapter_model.safetensors", "models/adapter/adapter_config.json", "metrics/train.json",

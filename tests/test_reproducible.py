@@ -1,11 +1,60 @@
-"""Same params and code, two clones at different paths: byte-identical data, adapter, merged model and metrics."""
-from conftest import SHORT_RUN_OUTPUTS
+"""Same params and code: byte-identical outputs from two clones at different paths under different instruction-set
+settings, and the committed results are what this machine computes."""
+import hashlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import OTHER_INSTRUCTION_SET, ROOT, SHORT_RUN_OUTPUTS, run_env
+
+# Float work whose rounding depends on the kernels each library picks: matmul (MKL), silu, softmax, log1p (ATen).
+PROBE = """
+import hashlib, sys
+if sys.argv[1] == "pinned":
+    import stages  # what every stage imports first
+import torch
+g = torch.Generator().manual_seed(0)
+x, w = torch.randn(512, 512, generator=g), torch.randn(512, 512, generator=g)
+y = torch.nn.functional.silu(x @ w).softmax(-1).log1p()
+print(torch.backends.cpu.get_cpu_capability(), hashlib.md5(y.numpy().tobytes()).hexdigest())
+"""
+
+
+def probe(mode: str, **env) -> str:
+    """'<capability PyTorch runs> <md5 of PROBE's result>' in a fresh process."""
+    env = {**{k: v for k, v in run_env().items() if k != "LORA_PIPELINE_NATIVE_CPU"}, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run([sys.executable, "-c", PROBE, mode], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def test_two_clones_produce_the_same_bytes(short_runs):
-    first, second = short_runs  # SHORT_RUN, each clone reproduced up to merge
+    first, second = short_runs  # SHORT_RUN, each clone reproduced up to merge, the second under another setting
     for clone in (first, second):
         assert str(clone.repo) not in clone.files["models/adapter/adapter_config.json"].decode()
         assert "seconds" not in clone.files["metrics/train.json"].decode()
     assert set(first.md5s) == set(SHORT_RUN_OUTPUTS)
     assert first.md5s == second.md5s
+
+
+def test_the_instruction_set_setting_changes_the_bits_unless_pinned():
+    native, other = probe("native"), probe("native", **OTHER_INSTRUCTION_SET)
+    if native.split()[0] == other.split()[0]:
+        pytest.skip(f"this CPU runs {native.split()[0]} kernels either way")
+    assert native != other  # the setting matters here, so the pipeline's clones are a real comparison
+    pinned = probe("pinned")
+    assert pinned.startswith("AVX2 ") and probe("pinned", **OTHER_INSTRUCTION_SET) == pinned
+    assert probe("pinned", LORA_PIPELINE_NATIVE_CPU="1", **OTHER_INSTRUCTION_SET) == other
+
+
+def test_the_committed_results_are_what_a_fresh_clone_computes(repo):
+    """The default pipeline, run from scratch here, gives the md5s the repository commits (evaluate and register
+    read MGSM in the test copy, so they are left out)."""
+    repo, _ = repo
+
+    def md5s(lock_path):
+        lock = yaml.safe_load(lock_path.read_text())["stages"]
+        return {out["path"]: out["md5"] for name in ("fetch", "split", "train", "merge")
+                for out in lock[name]["outs"]}
+
+    assert md5s(repo / "dvc.lock") == md5s(ROOT / "dvc.lock")
