@@ -17,6 +17,10 @@ from mlflow import MlflowClient
 from lora_pipeline.outputs import write_json
 
 log = logging.getLogger(__name__)
+# MLflow's progress notes (creating or migrating a sqlite store, the system metrics monitor starting and stopping);
+# their warnings and errors still show
+for _name in ("mlflow.store.db.utils", "alembic", "mlflow.system_metrics"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 # A stopped or unreachable server fails the register stage in about 30 s (retries after 0, 4, 8, 16 s) instead of
 # MLflow's several minutes per request, and bounds each attempt of train's sender thread alike; each of these MLflow
