@@ -1,16 +1,19 @@
-# `make repro`: set up .venv and run the whole pipeline. `make test`: the test suite.
+# `make repro`: set up .venv and run the whole pipeline. `make test`: the test suite. `make test-fast`: its unit
+# tests only (no pipeline, training or server runs). `make lint`: ruff over the code base.
 VENV ?= .venv
 BIN := $(VENV)/bin
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: setup repro test recipe bench exps clean
+.PHONY: setup repro test test-fast lint recipe bench exps clean
 
 setup: $(VENV)/.installed
 
 # torch is pinned in requirements.txt and installed in the same resolve, so no other torch build is pulled in.
-$(VENV)/.installed: requirements.txt
+# The project itself (lora_pipeline, stages) is installed editable on top, without touching those pins.
+$(VENV)/.installed: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@
 
 repro: setup
@@ -24,6 +27,12 @@ repro: setup
 
 test: setup
 	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q tests
+
+test-fast: setup
+	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q -m unit tests
+
+lint: setup
+	$(RUN) ruff check .
 
 # make recipe RECIPE=qwen2-0.5b: one DVC experiment of recipes/<RECIPE>.yaml, whose keys become `dvc exp run -S`
 # sets (params.yaml keeps every other value). RECIPE=seed/qwen2-0.5b: the seed notebook's exact settings.

@@ -24,10 +24,9 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lora_pipeline.modeling import device, load_model  # noqa: E402
-from lora_pipeline.params import StageParams, validate  # noqa: E402
-from lora_pipeline.recipes import apply_sets, compose  # noqa: E402
+from lora_pipeline.modeling import device, load_model
+from lora_pipeline.params import StageParams, validate
+from lora_pipeline.recipes import apply_sets, compose
 
 
 def main():

@@ -29,8 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lora_pipeline.mxfp4 import (compare_logits, dequantize_mxfp4, gpt_oss_20b_config,  # noqa: E402
+from lora_pipeline.mxfp4 import (compare_logits, dequantize_mxfp4, gpt_oss_20b_config,
                                  load_mxfp4_dequantized, quantize_mxfp4, save_mxfp4_checkpoint)
 
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")

@@ -24,9 +24,8 @@ if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lora_pipeline.params import ParamsError, StageParams, validate  # noqa: E402
-from lora_pipeline.recipes import apply_sets, compose  # noqa: E402
+from lora_pipeline.params import ParamsError, StageParams, validate
+from lora_pipeline.recipes import apply_sets, compose
 
 METHODS = ("none", "nf4", "int8")
 WARM_STEPS = 2  # optimizer steps before the clock starts (allocations, kernel selection)

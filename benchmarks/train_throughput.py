@@ -25,10 +25,9 @@ if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lora_pipeline.params import StageParams, validate  # noqa: E402
-from lora_pipeline.recipes import apply_sets, compose  # noqa: E402
-from lora_pipeline.training import build_trainer, save_adapter  # noqa: E402
+from lora_pipeline.params import StageParams, validate
+from lora_pipeline.recipes import apply_sets, compose
+from lora_pipeline.training import build_trainer, save_adapter
 
 # The seed baseline's standard workloads (same generator, same seeds).
 WORKLOADS = {
