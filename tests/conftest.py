@@ -23,6 +23,19 @@ COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_ca
                                      "checkpoints", "logs", ".whl*", ".bench", "docs")
 
 
+# Fixtures that run the pipeline, a training, DVC or an MLflow model (or build on one that does): their tests are e2e.
+E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "remotes", "queued"}
+
+
+def pytest_collection_modifyitems(items):
+    """Every test is e2e (marked so, or using an E2E_FIXTURES fixture) or else unit: `pytest -m unit` is the fast part."""
+    for item in items:
+        if item.get_closest_marker("e2e") is None and E2E_FIXTURES.isdisjoint(item.fixturenames):
+            item.add_marker(pytest.mark.unit)
+        else:
+            item.add_marker(pytest.mark.e2e)
+
+
 def copy_repo(dest: Path) -> Path:
     """The project's files (no outputs) in a fresh git repository at dest."""
     shutil.copytree(ROOT, dest, ignore=COPY_IGNORE)

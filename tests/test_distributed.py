@@ -2,7 +2,11 @@
 import json
 import shutil
 
+import pytest
+
 from conftest import run, set_params
+
+pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
 
 
 def test_two_process_data_parallel_training(repo, tmp_path):

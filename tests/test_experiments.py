@@ -4,6 +4,8 @@ import copy
 import shutil
 import sys
 
+import pytest
+
 from conftest import ROOT, run
 
 from lora_pipeline.experiments import WIDTH, compact, experiment_rows, table
@@ -119,6 +121,7 @@ DVC_YAML = """stages:
 """
 
 
+@pytest.mark.e2e  # dvc exp run
 def test_the_command_on_a_dvc_repository_with_real_experiments(tmp_path):
     """`python -m lora_pipeline.experiments` over what DVC itself writes: the project's params.yaml, one tiny stage,
     an experiment that sets a list and one that sets two keys, the last left in the workspace."""

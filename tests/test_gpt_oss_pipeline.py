@@ -1,9 +1,12 @@
 """The whole pipeline on a tiny gpt-oss stored in MXFP4, loaded as openai/gpt-oss-20b is: Mxfp4Config(dequantize=True)."""
 import json
 
+import pytest
 from safetensors import safe_open
 
 from conftest import copy_repo, run, set_params
+
+pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
 
 
 def test_tiny_mxfp4_gpt_oss_runs_the_whole_pipeline(tmp_path):

@@ -139,6 +139,7 @@ def files(repo) -> dict:
             if p.is_file() and not {".git", "__pycache__"} & set(p.relative_to(repo).parts)}
 
 
+@pytest.mark.e2e  # the stages as subprocesses
 def test_stage_stops_when_params_changed_after_validate_checked_them(tmp_path, monkeypatch):
     """A second `dvc exp run -S` writes params.yaml before DVC's lock stops it (or params.yaml is edited) while a
     run goes: that run's next stage stops with one line before any work. An edit that validate checked runs, and so

@@ -8,6 +8,8 @@ import pytest
 
 from conftest import MGSM, edited_params, run, run_env
 
+pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
+
 STAGES = ["validate", "fetch", "split", "train", "merge", "evaluate", "register"]
 
 

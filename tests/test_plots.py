@@ -2,7 +2,11 @@
 and fine-tuned apart, and the same plots are PNGs in reports/ for viewing offline."""
 import json
 
+import pytest
+
 from conftest import run
+
+pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
 
 LANGUAGES = {"en", "de", "es", "fr", "it", "overall"}
 

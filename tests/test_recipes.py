@@ -8,7 +8,7 @@ import yaml
 from conftest import ROOT, git_env, run
 from lora_pipeline.checks import check_library_fields, check_scheduler
 from lora_pipeline.params import ParamsError, StageParams, flat_keys, validate
-from lora_pipeline.recipes import compose, exp_run_command, main, overrides
+from lora_pipeline.recipes import compose, exp_run_command, main
 
 RECIPES = sorted(str(p.relative_to(ROOT / "recipes"))[:-5] for p in (ROOT / "recipes").rglob("*.yaml"))
 
@@ -74,6 +74,7 @@ def test_bad_recipes_are_named_with_the_key(recipes_root):
         compose("unknown", recipes_root)
 
 
+@pytest.mark.e2e  # dvc exp run
 def test_dvc_exp_run_applies_each_recipe_exactly(tmp_path):
     """The `-S` sets `make recipe` hands to DVC leave params.yaml equal to the composed recipe (lists, dicts, bools,
     numbers, a field params.yaml lacks, a dict that replaces another), on a one-stage project reading every section."""

@@ -10,7 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import run, run_env
+
+pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
 
 PASSWORD = "s3cret-Pa55"
 # Few, short retries keep the test quick; the stage's own defaults bound a real outage to about 30 s.

@@ -13,6 +13,8 @@ import yaml
 
 from conftest import edited_params, run
 
+pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
+
 
 def test_run_has_provenance_and_step_metrics(repo):
     import mlflow

@@ -8,6 +8,8 @@ import yaml
 
 from conftest import run
 
+pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
+
 UP_TO_DATE = "Data and pipelines are up to date."
 # The cheapest experiments that still produce cached outputs of their own: evaluate (fine-tuned model only, no
 # MGSM) and register re-run; everything before them is reused.

@@ -1,4 +1,5 @@
 """The train stage's trainer levers that can be checked on a CPU: flex attention with eagerly built block masks."""
+import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, masking_utils
 
@@ -84,6 +85,7 @@ def test_checkpointing_every_second_layer_reaches_the_layers_and_learns_the_same
         torch.testing.assert_close(adapters["every-2"][key], weight, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.e2e  # two training processes under torch.distributed.run
 def test_fsdp2_sharded_adapter_is_gathered_whole_and_reloads(tmp_path):
     """Two CPU processes (gloo), the LoRA model sharded by FSDP2 as the train stage's fsdp2 config shards it: the
     trainable tensors the stage saves under FSDP come back whole, and the adapter loads into a fresh base giving the
