@@ -14,7 +14,6 @@ Prints one JSON line.
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 if "LOCAL_RANK" not in os.environ:

@@ -16,7 +16,6 @@ import json
 import os
 import math
 import random
-import sys
 import time
 from pathlib import Path
 

@@ -28,7 +28,7 @@ E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "rem
 
 
 def pytest_collection_modifyitems(items):
-    """Every test is e2e (marked so, or using an E2E_FIXTURES fixture) or else unit: `pytest -m unit` is the fast part."""
+    """Every test is e2e (marked so, or using an E2E_FIXTURES fixture) or else unit, the fast part."""
     for item in items:
         if item.get_closest_marker("e2e") is None and E2E_FIXTURES.isdisjoint(item.fixturenames):
             item.add_marker(pytest.mark.unit)

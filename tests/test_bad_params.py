@@ -84,7 +84,7 @@ BAD = [
     # split against the rows the data set yields (data.builtin_rows: 2000)
     case({"split.test_size": 5000}, "split.test_size", "5000"),
     case({"split.test_size": 2000}, "split.test_size", "leaves 0 test rows of at most 2000"),
-    case({"split.test_size": 1}, "split.test_size", f"leaves 1 test rows"),
+    case({"split.test_size": 1}, "split.test_size", "leaves 1 test rows"),
     case({"split.test_size": 0.0005}, "split.test_size", "0.0005 leaves 1 test rows"),
     case({"data.source": "hub", "data.name": "org/rows", "data.max_rows": 300, "split.test_size": 300},
          "split.test_size", "of at most 300"),
@@ -150,7 +150,7 @@ def test_bad_param_is_refused_naming_key_and_value(changes, key, value):
     with pytest.raises(ParamsError) as refused:
         validate_all(shipped(**changes))
     message = str(refused.value)
-    line = next((l for l in message.splitlines() if re.search(rf"{re.escape(key)}[: ]", l)), None)
+    line = next((text for text in message.splitlines() if re.search(rf"{re.escape(key)}[: ]", text)), None)
     assert line is not None, f"no line names {key}:\n{message}"
     assert value in line, f"the line for {key} does not show {value!r}:\n{message}"
 

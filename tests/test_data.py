@@ -341,7 +341,9 @@ def test_split_is_seeded_disjoint_and_complete():
     assert len(test) == 10 and len(train) == 40
     assert split_rows(ROWS, 0.2, seed=42) == (train, test)
     assert split_rows(ROWS, 0.2, seed=43)[1] != test
-    key = lambda r: json.dumps(r, sort_keys=True)
+    def key(row):
+        return json.dumps(row, sort_keys=True)
+
     assert {key(r) for r in train}.isdisjoint(key(r) for r in test)
     assert sorted(map(key, train + test)) == sorted(map(key, ROWS))
     assert len(split_rows(ROWS, 7, seed=0)[1]) == 7  # a count from 1 up

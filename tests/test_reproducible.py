@@ -1,6 +1,5 @@
 """Same params and code: byte-identical outputs from two clones at different paths under different instruction-set
 settings, and the committed results are what this machine computes."""
-import hashlib
 import subprocess
 import sys
 
