@@ -6,6 +6,8 @@
 # PROFILE=<path prefix> also writes torch.profiler's top kernels of each run.
 # Needs torch, transformers, peft, accelerate, trl, datasets, liger-kernel (requirements-gpu.txt).
 set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package, where it is not installed (make setup)
 RECIPE=${1:?usage: benchmarks/bench.sh <qwen2-0.5b|gpt-oss-20b> [extra train_throughput.py args]}
 shift
 SEED_BASELINE=${SEED_BASELINE:-../shared/bench/seed_baseline.py}

@@ -8,6 +8,8 @@
 # Needs torch, transformers, peft, accelerate, trl, datasets, liger-kernel; SEED_BASELINE points at the seed
 # recipes' benchmark (../shared/bench/seed_baseline.py) to run beside ours. Results go to $OUT (default ./gpu-out).
 set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package, where it is not installed (make setup)
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 SEED_BASELINE=${SEED_BASELINE:-../shared/bench/seed_baseline.py}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
