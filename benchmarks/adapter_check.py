@@ -24,7 +24,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from lora_pipeline.modeling import device, load_model
-from lora_pipeline.params import StageParams, validate
+from lora_pipeline.params import for_stage, validate
 from lora_pipeline.recipes import apply_sets, compose
 
 
@@ -40,7 +40,7 @@ def main():
     args = parser.parse_args()
 
     raw = apply_sets(compose(args.recipe), args.set)
-    params = StageParams(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark", ["model", "quantization"])
+    params = for_stage(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark", ["model", "quantization"])
     tensors = load_file(str(Path(args.adapter) / "adapter_model.safetensors"))
     b_matrices = [t for name, t in tensors.items() if "lora_B" in name]
     row = {"label": args.label, "adapter": args.adapter, "tensors": len(tensors),

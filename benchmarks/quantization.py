@@ -24,7 +24,7 @@ if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun
 
 import torch
 
-from lora_pipeline.params import ParamsError, StageParams, validate
+from lora_pipeline.params import Params, ParamsError, for_stage, validate
 from lora_pipeline.recipes import apply_sets, compose
 
 METHODS = ("none", "nf4", "int8")
@@ -50,7 +50,7 @@ def parse_args(argv=None):
     return args
 
 
-def benchmark_params(recipe: str, sets: list[str], method: str, steps: int) -> StageParams:
+def benchmark_params(recipe: str, sets: list[str], method: str, steps: int) -> Params:
     """The recipe with `sets` applied and quantization.method, validated; train for exactly the steps measured."""
     try:
         raw = compose(recipe)
@@ -67,7 +67,7 @@ def benchmark_params(recipe: str, sets: list[str], method: str, steps: int) -> S
         params = validate(raw, source=f"recipes/{recipe}.yaml")
     except ParamsError as exc:
         raise SystemExit(str(exc)) from None
-    return StageParams(params, "benchmark", ["data", "model", "quantization", "split", "train", "lora"])
+    return for_stage(params, "benchmark", ["data", "model", "quantization", "split", "train", "lora"])
 
 
 def builtin_split(data, split) -> tuple[list[dict], list[dict]]:
@@ -142,7 +142,7 @@ def measure(args) -> dict:
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     import importlib.metadata as metadata
 
-    return {"method": args.method, "quantization": params.quantization.to_dict(), "steps": args.steps,
+    return {"method": args.method, "quantization": params.quantization.dump(), "steps": args.steps,
             "warm_steps": WARM_STEPS, "tokens_per_s": round((k1 - k0) / (t1 - t0)),
             "step_s": round((t1 - t0) / args.steps, 4),
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if gpu else 0.0,

@@ -24,7 +24,7 @@ if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun
 
 import torch
 
-from lora_pipeline.params import StageParams, validate
+from lora_pipeline.params import for_stage, validate
 from lora_pipeline.recipes import apply_sets, compose
 from lora_pipeline.training import build_trainer, save_adapter
 
@@ -151,7 +151,7 @@ def main():
     raw["train"]["checkpoint_steps"] = 0
     profiled = 3 if args.profile else 0
     raw["train"]["sft"] |= {"max_steps": warm + args.steps + profiled, "logging_steps": 1, "num_train_epochs": 1}
-    params = StageParams(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark",
+    params = for_stage(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark",
                          ["model", "quantization", "train", "lora"])
     checkpoint = Path(args.checkpoint)
     if state.is_main_process and not (checkpoint / "config.json").is_file():

@@ -12,7 +12,6 @@ import re
 import shutil
 from pathlib import Path
 
-import yaml
 
 CHECKPOINTS = Path("checkpoints")
 MANIFEST = "checkpoint_manifest.json"  # each file's size and sha256, written after all of them
@@ -39,15 +38,15 @@ def content_hash(path: Path) -> str:
 def run_fingerprint(stage: str, root: Path = Path(".")) -> str:
     """sha256 (first 16 hex digits) of the params.yaml values the stage declares in dvc.yaml and of the content
     of its dvc.yaml dependencies: what DVC itself decides a re-run by."""
-    from lora_pipeline.params import declared_keys, flat_keys, is_declared
+    from lora_pipeline import dvcfiles
+    from lora_pipeline.params import flat_keys
 
-    stage_def = yaml.safe_load((root / "dvc.yaml").read_text())["stages"][stage]
-    values = flat_keys(yaml.safe_load((root / "params.yaml").read_text()))
-    declared = declared_keys(stage, root)
-    used = {k: v for k, v in values.items() if is_declared(k, declared)}
+    values = dvcfiles.read_yaml(root / "params.yaml")
+    declared = dvcfiles.declared_params(stage, root)
+    used = {k: v for k, v in flat_keys(values).items() if dvcfiles.is_declared(k, declared)}
     digest = hashlib.sha256(json.dumps(used, sort_keys=True).encode())
-    for dep in stage_def.get("deps", []):
-        path = root / re.sub(r"\$\{([\w.]+)\}", lambda m: str(values[m.group(1)]), dep)
+    for dep in dvcfiles.stage(stage, root, values).get("deps", []):
+        path = root / dep
         if path.exists():
             _hash_path(digest, path)
     return digest.hexdigest()[:16]

@@ -275,3 +275,34 @@ def remove_test_prompts(train: list[dict], test: list[dict]) -> tuple[list[dict]
     if not kept:
         raise DataError(f"every one of {len(train)} train rows asks what a test row asks")
     return kept, len(train) - len(kept)
+
+
+# A held-out figure (loss, compliance) from one row is a single sample, not an average: two rows is the least.
+MIN_TEST_ROWS = 2
+
+
+def most_rows(data) -> int | None:
+    """The most rows fetch can yield, known before it runs: data.builtin_rows, and data.max_rows of any source."""
+    bounds = [n for n in (data.builtin_rows if data.source == "builtin" else 0, data.max_rows) if n]
+    return min(bounds) if bounds else None
+
+
+def held_out_rows(data, split) -> int | None:
+    """Test rows that split.test_size leaves, where known before fetch; 0 where split would refuse it."""
+    rows = most_rows(data)
+    if rows is None:
+        return int(split.test_size) if split.test_size >= 1 else None
+    try:
+        return len(split_rows(list(range(rows)), split.test_size, split.seed)[1])
+    except ValueError:
+        return 0
+
+
+def check_split(data, split) -> None:
+    test_rows = held_out_rows(data, split)
+    if test_rows is not None and test_rows < MIN_TEST_ROWS:
+        rows = most_rows(data)
+        of = f" of at most {rows} (data.builtin_rows / data.max_rows)" if rows else ""
+        raise ValueError(f"split.test_size: {split.test_size:g} leaves {test_rows} test rows{of}; allowed: a "
+                         f"fraction below 1 or a whole row count that leaves at least {MIN_TEST_ROWS} test rows and "
+                         "one to train")

@@ -148,7 +148,7 @@ def lora_config(lora_params):
     """peft.LoraConfig from the `lora` params section (field names are peft's own)."""
     from peft import LoraConfig
 
-    fields = lora_params.to_dict()
+    fields = lora_params.dump()
     if not fields["target_parameters"]:
         fields.pop("target_parameters")
     return LoraConfig(task_type="CAUSAL_LM", **fields)
@@ -186,3 +186,9 @@ def apply_liger(model, wanted: bool) -> dict:
         decision["reason"] = f"Liger has no kernels for model_type {model.config.model_type}"
     log.warning("Liger decision: %s", decision)
     return decision
+
+
+def check_model(model) -> None:
+    """model.source local needs a model folder (config.json) at model.name."""
+    if model.source == "local" and not (Path(model.name) / "config.json").is_file():
+        raise FileNotFoundError(f"model.name: {model.name} is not a model folder (no config.json)")

@@ -1,5 +1,6 @@
-"""Typed schema of params.yaml, per-stage views that expose only the keys a stage declares in dvc.yaml, and the
-check that params.yaml is still what the validate stage checked at the start of the run."""
+"""params.yaml: its typed schema, validated once per process, and the part of it a stage may read (the keys
+dvc.yaml declares for it); and the check that params.yaml is still what the validate stage checked at the start of
+the run."""
 from __future__ import annotations
 
 import hashlib
@@ -10,10 +11,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, \
+    model_validator
 
-ROOT = Path(__file__).resolve().parents[1]
+from lora_pipeline.dvcfiles import ROOT, declared_params, is_declared, locked_params, read_yaml
+
 # The digest of the params the validate stage last checked: no DVC output (a digest of every param would make
 # every stage re-run on any change), git-ignored like the rest of logs/.
 DIGEST = Path("logs/params_digest")
@@ -24,7 +26,25 @@ class ParamsError(ValueError):
 
 
 class _Section(BaseModel):
+    """A section of params.yaml. In a stage's view (for_stage) the keys it did not declare are left out, and reading
+    one raises ParamsError naming the stage and the key."""
     model_config = ConfigDict(extra="forbid")
+    _stage: str = PrivateAttr("")
+    _prefix: str = PrivateAttr("")
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name not in type(self).model_fields or not self._stage:
+                raise
+            raise ParamsError(f"stage '{self._stage}' reads '{self._prefix}{name}', which dvc.yaml does not list "
+                              f"under stages.{self._stage}.params") from None
+
+    def dump(self) -> dict:
+        """This section as a dict (train.sft for SFTConfig, lora for LoraConfig); every key in it must be declared."""
+        return {name: (value.dump() if isinstance(value := getattr(self, name), _Section) else value)
+                for name in [*type(self).model_fields, *(self.model_extra or {})]}
 
 
 def _require_name(section):
@@ -41,6 +61,9 @@ def _not_empty(value, what: str):
     return value
 
 
+# The schema: types, ranges and the rules between keys. params.yaml's comments say what each key means.
+
+
 class TinyModel(_Section):
     """Architecture of the tiny offline base model (model.source tiny-qwen2 / tiny-gpt-oss)."""
     vocab_size: int = Field(ge=300)
@@ -49,11 +72,11 @@ class TinyModel(_Section):
     num_hidden_layers: int = Field(ge=1)
     num_attention_heads: int = Field(ge=1)
     num_key_value_heads: int = Field(ge=1)
-    num_local_experts: int = Field(ge=1)  # gpt-oss only
-    num_experts_per_tok: int = Field(ge=1)  # gpt-oss only
+    num_local_experts: int = Field(ge=1)
+    num_experts_per_tok: int = Field(ge=1)
     max_position_embeddings: int = Field(ge=64)
     initializer_range: float = Field(gt=0)
-    pretrain_steps: int = Field(ge=0)  # full-parameter LM training on the data as plain text
+    pretrain_steps: int = Field(ge=0)
     seed: int
 
     @model_validator(mode="after")
@@ -71,17 +94,16 @@ class TinyModel(_Section):
 
 class Data(_Section):
     source: Literal["builtin", "hub", "local"]
-    name: str  # Hub dataset id (hub) or file path (local: .jsonl .json .parquet .csv .tsv)
+    name: str
     revision: str
     hub_split: str
-    # auto: detected from the first row (lora_pipeline/formats.py lists each format's fields)
     format: Literal["auto", "messages", "prompt_completion", "sharegpt", "alpaca"]
-    columns: dict[str, str]  # a format's field name -> the data set's column holding it
+    columns: dict[str, str]
     builtin_rows: int = Field(ge=10)
     builtin_seed: int
-    max_rows: int = Field(ge=0)  # 0 keeps every row
-    bad_rows: Literal["drop", "fail"]  # drop: drop and count each bad row; fail: stop at the first, naming it
-    max_chars: int = Field(ge=0)  # rows with more characters of text are bad rows ("too_long"); 0: no limit
+    max_rows: int = Field(ge=0)
+    bad_rows: Literal["drop", "fail"]
+    max_chars: int = Field(ge=0)
 
     @model_validator(mode="after")
     def _name_when_needed(self):
@@ -90,12 +112,12 @@ class Data(_Section):
 
 class Model(_Section):
     source: Literal["tiny-qwen2", "tiny-gpt-oss", "hub", "local"]
-    name: str  # Hub model id (hub) or folder (local)
+    name: str
     revision: str
     dtype: Literal["float32", "bfloat16", "float16"]
     attn_implementation: Literal["eager", "sdpa", "flex_attention", "flash_attention_2"]
-    experts_implementation: Literal["eager", "grouped_mm", "batched_mm"]  # MoE experts (gpt-oss)
-    trust_remote_code: bool  # run code a model folder ships; every model, tokenizer and config load passes it
+    experts_implementation: Literal["eager", "grouped_mm", "batched_mm"]
+    trust_remote_code: bool
     tiny: TinyModel
 
     @model_validator(mode="after")
@@ -106,12 +128,12 @@ class Model(_Section):
 class Quantization(_Section):
     """How the base model is loaded to be trained: as stored, MXFP4 experts dequantized, or frozen in 4/8 bits."""
     method: Literal["none", "mxfp4-dequantize", "nf4", "int8"]
-    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"]  # nf4 only; auto: model.dtype
-    double_quant: bool  # nf4 only
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"]
+    double_quant: bool
 
 
 class Split(_Section):
-    test_size: float = Field(gt=0)  # a fraction below 1, or a row count from 1 up
+    test_size: float = Field(gt=0)
     seed: int
 
     @field_validator("test_size")
@@ -123,8 +145,8 @@ class Split(_Section):
 
 
 class Sft(_Section):
-    """trl.SFTConfig fields: these are typed and required; any other SFTConfig field may be added (checked in
-    validate against SFTConfig itself)."""
+    """trl.SFTConfig fields: these are typed and required; any other SFTConfig field may be added (validate checks
+    it against SFTConfig's own fields)."""
     model_config = ConfigDict(extra="allow")
     learning_rate: float = Field(gt=0)
     num_train_epochs: float = Field(gt=0)
@@ -133,19 +155,18 @@ class Sft(_Section):
     gradient_accumulation_steps: int = Field(ge=1)
     lr_scheduler_type: str
     lr_scheduler_kwargs: dict[str, Any]
-    warmup_steps: float = Field(ge=0)  # a ratio below 1, else a step count
+    warmup_steps: float = Field(ge=0)
     weight_decay: float = Field(ge=0)
     max_length: int = Field(ge=16)
     assistant_only_loss: bool
     packing: bool
-    padding_free: bool  # rows (truncated at max_length) concatenated into one sequence, no padding
+    padding_free: bool
     torch_compile: bool
     bf16: bool
     fp16: bool
     gradient_checkpointing: bool
-    # e.g. {every_n_layers: 2}: transformers recomputes every 2nd decoder layer only, the others keep activations
     gradient_checkpointing_kwargs: dict[str, Any]
-    ddp_find_unused_parameters: bool  # False: DDP skips its per-step search of the graph for unused weights
+    ddp_find_unused_parameters: bool
     train_sampling_strategy: Literal["random", "sequential", "group_by_length", "batch_rebalance"]
     logging_steps: int = Field(ge=1)
     seed: int
@@ -162,9 +183,9 @@ class Sft(_Section):
 
 
 class Train(_Section):
-    accelerate_config: str  # configs/accelerate/<name>.yaml
+    accelerate_config: str
     liger: bool
-    checkpoint_steps: int = Field(ge=0)  # save a resumable checkpoint every N optimizer steps (0: never)
+    checkpoint_steps: int = Field(ge=0)
     sft: Sft
 
     @field_validator("accelerate_config")
@@ -181,14 +202,14 @@ class Train(_Section):
 
 
 class Lora(_Section):
-    """peft.LoraConfig fields: these are typed and required; any other LoraConfig field may be added (checked in
-    validate against LoraConfig itself)."""
+    """peft.LoraConfig fields: these are typed and required; any other LoraConfig field may be added (validate checks
+    it against LoraConfig's own fields)."""
     model_config = ConfigDict(extra="allow")
     r: int = Field(ge=1, le=4096)
     lora_alpha: float = Field(gt=0)
     lora_dropout: float = Field(ge=0, lt=1)
     target_modules: str | list[str]
-    target_parameters: list[str]  # e.g. gpt-oss experts: mlp.experts.gate_up_proj, mlp.experts.down_proj
+    target_parameters: list[str]
     bias: Literal["none", "all", "lora_only"]
 
     @field_validator("target_modules")
@@ -205,13 +226,11 @@ class Lora(_Section):
 
 
 class Merge(_Section):
-    # auto: the base checkpoint's own format (MXFP4 experts for openai/gpt-oss, else model_dtype); mxfp4: gpt-oss's
-    # experts in MXFP4 and the rest bf16, as openai/gpt-oss is stored; model_dtype: every weight in model.dtype
     save_format: Literal["auto", "mxfp4", "model_dtype"]
 
 
 class Mgsm(_Section):
-    path: str  # folder of mgsm_<lang>.tsv files, "hub" for juletxara/mgsm, or empty to skip
+    path: str
     languages: list[str]
     limit: int = Field(ge=1)
 
@@ -223,12 +242,12 @@ class Mgsm(_Section):
 
 class Eval(_Section):
     languages: list[str]
-    prompts: int = Field(ge=1)  # held-out questions, each asked once per language
+    prompts: int = Field(ge=1)
     max_new_tokens: int = Field(ge=1)
     batch_size: int = Field(ge=1)
     do_sample: bool
-    include_base: bool  # also evaluate the base model, for before/after figures
-    loss_rows: int = Field(ge=0)  # 0: the whole test split
+    include_base: bool
+    loss_rows: int = Field(ge=0)
     mgsm: Mgsm
 
     @field_validator("languages")
@@ -241,7 +260,7 @@ class Register(_Section):
     model_name: str
     experiment: str
     log_mode: Literal["merged", "adapter"]
-    gate_metric: str  # a key of metrics/eval.json, dotted
+    gate_metric: str
     gate_greater_is_better: bool
 
 
@@ -271,117 +290,60 @@ def validate(raw: dict, source: str = "params.yaml") -> Params:
             key = ".".join(str(p) for p in err["loc"])
             got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err["input"], dict) else ""
             if err["type"] == "extra_forbidden":
-                got += f"; allowed: {_field_names(err['loc'][:-1])}"
+                section = Params
+                for name in err["loc"][:-1]:
+                    section = section.model_fields[name].annotation
+                got += f"; allowed: {list(section.model_fields)}"
             lines.append(f"  {key or '<root>'}: {err['msg']}{got}")
         raise ParamsError(f"{source} is invalid:\n" + "\n".join(lines)) from None
 
 
-def _field_names(loc: tuple) -> list[str]:
-    """The keys the schema allows in the section at `loc`, e.g. ('model', 'tiny')."""
-    section = Params
-    for name in loc:
-        section = section.model_fields[name].annotation
-    return list(section.model_fields)
+def for_stage(params: Params, stage: str, declared: list[str]) -> Params:
+    """A copy of validated params holding only the keys `stage` declares; each declared key must exist."""
+    leaves = flat_keys(params.model_dump())
+    unknown = [k for k in declared if not any(is_declared(leaf, [k]) for leaf in leaves)]
+    if unknown:
+        raise ParamsError(f"dvc.yaml stage '{stage}' declares params that the schema does not know: {unknown}")
+
+    def keep(node: _Section, prefix: str) -> _Section:
+        values = {}
+        for name in [*type(node).model_fields, *(node.model_extra or {})]:
+            value, path = getattr(node, name), prefix + name
+            if is_declared(path, declared):
+                values[name] = value
+            elif isinstance(value, _Section) and any(k.startswith(path + ".") for k in declared):
+                values[name] = keep(value, path + ".")
+        view = type(node).model_construct(**values)
+        view._stage, view._prefix = stage, prefix
+        return view
+
+    return keep(params, "")
 
 
-def declared_keys(stage: str, root: Path = ROOT) -> list[str]:
-    """The params.yaml keys that dvc.yaml lists for a stage."""
-    dvc = yaml.safe_load((root / "dvc.yaml").read_text())
-    if stage not in dvc.get("stages", {}):
-        raise ParamsError(f"dvc.yaml has no stage '{stage}'")
-    keys = []
-    for entry in dvc["stages"][stage].get("params", []):
-        if isinstance(entry, str):
-            keys.append(entry)
-        else:  # {file: [keys]}
-            for file, file_keys in entry.items():
-                if Path(file).name == "params.yaml":
-                    keys.extend(file_keys)
-    return keys
-
-
-def is_declared(key: str, declared: list[str]) -> bool:
-    """Whether a dotted key is one that dvc.yaml lists, or lies inside a section it lists."""
-    return any(key == d or key.startswith(d + ".") for d in declared)
-
-
-class StageParams:
-    """Read-only view of Params that raises on any key the stage did not declare in dvc.yaml."""
-
-    def __init__(self, node: BaseModel, stage: str, declared: list[str], prefix: str = ""):
-        self._node, self._stage, self._declared, self._prefix = node, stage, declared, prefix
-
-    def _check(self, path: str, whole: bool) -> None:
-        covered = is_declared(path, self._declared)
-        if not whole and not covered:
-            covered = any(k.startswith(path + ".") for k in self._declared)
-        if not covered:
-            raise ParamsError(f"stage '{self._stage}' reads '{path}', which dvc.yaml does not list under "
-                              f"stages.{self._stage}.params")
-
-    def __getattr__(self, name: str):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        value = getattr(self._node, name)
-        path = self._prefix + name
-        if isinstance(value, BaseModel):
-            self._check(path, whole=False)
-            return StageParams(value, self._stage, self._declared, path + ".")
-        self._check(path, whole=True)
-        return value
-
-    def to_dict(self) -> dict:
-        """Every leaf of this section, each of which must be declared."""
-        out = {}
-        for name in [*type(self._node).model_fields, *(self._node.model_extra or {})]:
-            value = getattr(self, name)
-            out[name] = value.to_dict() if isinstance(value, StageParams) else value
-        return out
-
-
-def load_params(stage: str, root: Path = ROOT) -> StageParams:
-    """Validate params.yaml as a whole, then return the view of it that `stage` may read. Run by DVC, a stage whose
-    params.yaml changed since the validate stage checked it stops first (see stop_if_changed_since_validate)."""
+def load_params(stage: str, root: Path = ROOT) -> Params:
+    """params.yaml validated, then the part of it that `stage` may read. Run by DVC, a stage whose params.yaml
+    changed since the validate stage checked it stops first (see stop_if_changed_since_validate)."""
     path = root / "params.yaml"
     if not path.is_file():
         raise ParamsError(f"{path} not found")
-    text = path.read_text()
-    stop_if_changed_since_validate(stage, text, root)
-    return stage_view(validate(yaml.safe_load(text), source=str(path.name)), stage, root)
+    params = validate(read_yaml(path), source=path.name)
+    stop_if_changed_since_validate(stage, params, root)
+    return for_stage(params, stage, declared_params(stage, root))
 
 
-class _Yaml12Loader(yaml.SafeLoader):
-    """PyYAML's safe loader that also reads floats without a dot (1e-8) as floats, as DVC's YAML 1.2 parser does,
-    so that a digest sees the same values DVC compares."""
-
-
-_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$")
-_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
-
-
-def params_digest(text: str) -> str:
-    """sha256 of params.yaml's values (not its bytes: comments and layout do not count), as validated when valid."""
-    return _values_digest(yaml.load(text, Loader=_Yaml12Loader))
-
-
-def _values_digest(raw) -> str:
-    try:
-        values = validate(raw).model_dump(mode="json")  # 1e-3 and 0.001, 1 and 1.0: one value, as DVC sees them
-    except ParamsError:
-        values = raw
+def params_digest(params: Params | dict) -> str:
+    """sha256 of params' values as validated (1e-3 and 0.001, 1 and 1.0: one value, as DVC compares them); of the
+    raw values where they do not validate."""
+    if isinstance(params, dict):
+        try:
+            params = validate(params)
+        except ParamsError:
+            pass
+    values = params.model_dump(mode="json") if isinstance(params, Params) else params
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _lock_digest(root: Path) -> str | None:
-    """The digest of the params dvc.lock records for the validate stage (what it last ran with), if any."""
-    try:
-        lock = yaml.load((root / "dvc.lock").read_text(), Loader=_Yaml12Loader)
-        return _values_digest(lock["stages"]["validate"]["params"]["params.yaml"])
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        return None
-
-
-def stop_if_changed_since_validate(stage: str, text: str, root: Path = ROOT) -> None:
+def stop_if_changed_since_validate(stage: str, params: Params, root: Path = ROOT) -> None:
     """Stop a stage that DVC runs (DVC sets DVC_STAGE) if params.yaml's values are neither those the validate stage
     checked (logs/params_digest) nor those dvc.lock records for it: another `dvc exp run -S` (which writes its
     values into params.yaml before DVC's lock stops it) or an edit changed them during this run, and this stage
@@ -391,8 +353,8 @@ def stop_if_changed_since_validate(stage: str, text: str, root: Path = ROOT) -> 
     recorded = root / DIGEST
     if not os.environ.get("DVC_STAGE") or stage == "validate" or not recorded.is_file():
         return
-    now = params_digest(text)
-    if now == recorded.read_text().strip() or now == _lock_digest(root):
+    now = params_digest(params)
+    if now == recorded.read_text().strip() or now == params_digest(locked_params("validate", root)):
         return
     raise SystemExit(
         f"{stage}: params.yaml changed after validate checked it at the start of this run (another `dvc exp run`, or "
@@ -400,16 +362,6 @@ def stop_if_changed_since_validate(stage: str, text: str, root: Path = ROOT) -> 
         "experiments side by side with `dvc exp run --queue` then `dvc exp run --run-all`, or re-run when no other "
         "run is going (params.yaml now holds the other values). A single stage run with `dvc repro -s` after an edit "
         "skips validate: run `dvc repro` instead.")
-
-
-def stage_view(params: Params, stage: str, root: Path = ROOT) -> StageParams:
-    """The view of validated params that `stage` may read; every key it declares in dvc.yaml must exist."""
-    declared = declared_keys(stage, root)
-    leaves = set(flat_keys(params.model_dump()))
-    unknown = [k for k in declared if k not in leaves and not any(l.startswith(k + ".") for l in leaves)]
-    if unknown:
-        raise ParamsError(f"dvc.yaml stage '{stage}' declares params that the schema does not know: {unknown}")
-    return StageParams(params, stage, declared)
 
 
 def flat_keys(tree: dict, prefix: str = "") -> dict[str, Any]:

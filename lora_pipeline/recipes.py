@@ -112,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("extra", nargs="*", help="after --: options for dvc exp run (--queue, --temp, ...)")
     args = parser.parse_args(argv)
     from lora_pipeline.checks import check_library_fields, check_scheduler
-    from lora_pipeline.params import StageParams, validate
+    from lora_pipeline.params import for_stage, validate
 
     try:  # the recipe's own mistakes, before DVC touches params.yaml; the rest is the validate stage's job
-        params = StageParams(validate(compose(args.name), source=f"recipes/{args.name}.yaml"), "recipe",
+        params = for_stage(validate(compose(args.name), source=f"recipes/{args.name}.yaml"), "recipe",
                              ["train", "lora"])
         check_library_fields(params.train, params.lora)
         check_scheduler(params.train)

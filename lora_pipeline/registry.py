@@ -10,18 +10,17 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pandas as pd
-import yaml
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from lora_pipeline import dvcfiles
 from lora_pipeline.params import flat_keys
 
 
-def lock_provenance(lock_path: Path) -> tuple[dict, dict]:
+def lock_provenance(root: Path) -> tuple[dict, dict]:
     """(md5 of every stage output, params every stage ran with), both as recorded in dvc.lock."""
-    lock = yaml.safe_load(lock_path.read_text()) if lock_path.is_file() else {}
     md5s, params = {}, {}
-    for stage in (lock or {}).get("stages", {}).values():
+    for stage in dvcfiles.locked(root).values():
         for out in stage.get("outs", []):
             md5s[out["path"]] = out.get("md5", "")
         for values in stage.get("params", {}).values():

@@ -76,7 +76,7 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
     """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs.
     flex_block_mask: how flex attention's block masks are built: eager, compiled, or auto (eager under several
     processes)."""
-    args, levers = sft_args(params.train.sft.to_dict(), output_dir, params.train.checkpoint_steps)
+    args, levers = sft_args(params.train.sft.dump(), output_dir, params.train.checkpoint_steps)
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     model = load_model(base, params.model, params.quantization, device_map=training_device_map())
     model.config.use_cache = False

@@ -108,11 +108,11 @@ def main():
                for key, value in flat_keys(json.loads(path.read_text())).items() if isinstance(value, (int, float))}
     if reg.gate_metric not in metrics:
         raise SystemExit(f"register.gate_metric '{reg.gate_metric}' is not a metric; known: {sorted(metrics)}")
-    md5s, run_params = registry.lock_provenance(ROOT / "dvc.lock")
+    md5s, run_params = registry.lock_provenance(ROOT)
     md5s.pop(str(OUT), None)
     model_dir = "models/merged" if reg.log_mode == "merged" else "models/adapter"
     # This pipeline run: every output it produced, and how it is to be registered.
-    pipeline_md5 = hashlib.md5(json.dumps([md5s, reg.to_dict()], sort_keys=True).encode()).hexdigest()
+    pipeline_md5 = hashlib.md5(json.dumps([md5s, reg.dump()], sort_keys=True).encode()).hexdigest()
 
     uri = tracking.tracking_uri(ROOT)
     try:

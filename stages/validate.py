@@ -10,9 +10,8 @@ to logs/params_digest (no DVC output): each later stage of the run compares para
 import sys
 from pathlib import Path
 
-import yaml
-
 from lora_pipeline.checks import validate_all
+from lora_pipeline.dvcfiles import read_yaml
 from lora_pipeline.outputs import write_text
 from lora_pipeline.params import DIGEST, ROOT, ParamsError, params_digest
 
@@ -20,12 +19,11 @@ OUT = Path("data/params.ok")
 
 
 def main():
-    text = (ROOT / "params.yaml").read_text()
     try:
-        validate_all(yaml.safe_load(text))
+        params = validate_all(read_yaml(ROOT / "params.yaml"))
     except ParamsError as exc:
         sys.exit(f"validate: {exc}")
-    write_text(ROOT / DIGEST, params_digest(text) + "\n")
+    write_text(ROOT / DIGEST, params_digest(params) + "\n")
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("params.yaml is valid\n")
     print("params.yaml is valid")

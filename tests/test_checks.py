@@ -3,7 +3,9 @@ import pytest
 import yaml
 
 from conftest import MGSM
-from lora_pipeline.checks import check_data, check_eval, check_model, check_register
+from lora_pipeline.checks import check_eval, check_register
+from lora_pipeline.data import check_data
+from lora_pipeline.modeling import check_model
 from conftest import ROOT
 from lora_pipeline.params import Data, Eval, Model, Register
 
@@ -71,7 +73,7 @@ def test_gate_metric_names_its_metrics_file():
 def test_mixed_precision_on_a_cpu_is_refused_before_training():
     import torch
 
-    from lora_pipeline.checks import check_machine
+    from lora_pipeline.launch import check_machine
     from lora_pipeline.params import Train
 
     if torch.cuda.is_available():

@@ -4,12 +4,14 @@ import sys
 
 import pytest
 import yaml
+from dvc.utils.serialize import parse_yaml
 
 from conftest import ROOT, copy_repo, run_env, set_params
 from lora_pipeline.builtin_data import generate
 from lora_pipeline.checks import check_library_fields
 from lora_pipeline.data import write_jsonl
-from lora_pipeline.params import ParamsError, StageParams, declared_keys, load_params, params_digest, validate
+from lora_pipeline.dvcfiles import declared_params
+from lora_pipeline.params import Params, ParamsError, for_stage, load_params, params_digest, validate
 
 STAGES = list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
 
@@ -25,8 +27,8 @@ def test_shipped_params_validate():
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_every_declared_key_exists(stage):
-    assert isinstance(load_params(stage), StageParams)
-    assert declared_keys(stage), f"stage {stage} declares no params"
+    assert isinstance(load_params(stage), Params)
+    assert declared_params(stage), f"stage {stage} declares no params"
 
 
 @pytest.mark.parametrize("key, value, fragment", [
@@ -68,7 +70,7 @@ def test_lora_on_parameters_needs_no_dropout():
 def test_misspelt_library_field_is_rejected_with_the_closest_name(section, key, message):
     raw = shipped()
     (raw["lora"] if section == "lora" else raw["train"]["sft"])[key] = 16  # a typo must not be silently ignored
-    view = StageParams(validate(raw), "validate", ["train", "lora"])
+    view = for_stage(validate(raw), "validate", ["train", "lora"])
     with pytest.raises(ValueError, match=message):
         check_library_fields(view.train, view.lora)
 
@@ -77,9 +79,9 @@ def test_any_real_library_field_passes_through():
     raw = shipped()
     raw["lora"]["use_rslora"] = True
     raw["train"]["sft"]["max_grad_norm"] = 0.5
-    view = StageParams(validate(raw), "train", ["train", "lora"])
+    view = for_stage(validate(raw), "train", ["train", "lora"])
     check_library_fields(view.train, view.lora)
-    assert view.lora.to_dict()["use_rslora"] is True and view.train.sft.to_dict()["max_grad_norm"] == 0.5
+    assert view.lora.dump()["use_rslora"] is True and view.train.sft.dump()["max_grad_norm"] == 0.5
 
 
 def test_missing_key_is_rejected():
@@ -107,7 +109,7 @@ def test_hub_source_needs_a_name():
 def test_stage_view_refuses_undeclared_keys():
     train = load_params("train")
     assert train.lora.r == shipped()["lora"]["r"]
-    assert train.train.sft.to_dict()["learning_rate"] == shipped()["train"]["sft"]["learning_rate"]
+    assert train.train.sft.dump()["learning_rate"] == shipped()["train"]["sft"]["learning_rate"]
     with pytest.raises(ParamsError, match=r"stage 'train' reads 'eval', which dvc.yaml does not list"):
         train.eval.prompts
     with pytest.raises(ParamsError, match=r"stage 'train' reads 'model\.name'"):  # model.dtype is declared
@@ -118,14 +120,14 @@ def test_stage_view_refuses_undeclared_keys():
         split.lora.r
 
 
-def test_to_dict_needs_every_leaf_declared(tmp_path):
+def test_dump_needs_every_leaf_declared(tmp_path):
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     dvc["stages"]["train"]["params"] = [k for k in dvc["stages"]["train"]["params"] if k != "train"] + [
         "train.accelerate_config", "train.liger", "train.checkpoint_steps", "train.sft.learning_rate"]
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dvc))
     with pytest.raises(ParamsError, match=r"train\.sft\.num_train_epochs"):
-        load_params("train", root=tmp_path).train.sft.to_dict()
+        load_params("train", root=tmp_path).train.sft.dump()
 
 
 def run_stage(repo, name):
@@ -183,8 +185,11 @@ def test_params_digest_counts_values_as_dvc_reads_them():
     assert "learning_rate: 0.005" in text and "lora_dropout: 0.05" in text
     extra = text.replace("    learning_rate: 0.005", "    learning_rate: 0.005\n    adam_epsilon: 1.0e-08")
     respelt = text.replace("    learning_rate: 0.005", "    learning_rate: 5e-3   # respelt\n    adam_epsilon: 1e-8")
-    assert params_digest(respelt) == params_digest(extra) != params_digest(text)
-    assert params_digest(text.replace("lora_dropout: 0.05", "lora_dropout: 0.1")) != params_digest(text)
+    def digest(text):
+        return params_digest(parse_yaml(text, "params.yaml"))
+
+    assert digest(respelt) == digest(extra) != digest(text)
+    assert digest(text.replace("lora_dropout: 0.05", "lora_dropout: 0.1")) != digest(text)
 
 
 def test_validate_caches_what_it_derives_from_the_libraries(tmp_path, monkeypatch):
@@ -195,13 +200,14 @@ def test_validate_caches_what_it_derives_from_the_libraries(tmp_path, monkeypatc
     from peft import LoraConfig
     from transformers import SchedulerType
 
-    from lora_pipeline.checks import base_model_layout, library_fields
+    from lora_pipeline.base_model import base_model_layout
+    from lora_pipeline.checks import library_fields
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     fields = library_fields()
     assert set(fields["peft.LoraConfig"]) == {f.name for f in dataclasses.fields(LoraConfig)}
     assert fields["transformers.SchedulerType"] == [s.value for s in SchedulerType]
-    model = StageParams(validate(shipped()), "validate", ["model"]).model
+    model = for_stage(validate(shipped()), "validate", ["model"]).model
     built = base_model_layout(model, ROOT)
     cached = sorted(p.name.split("-")[0] for p in (tmp_path / "lora-pipeline").glob("*.json"))
     assert cached == ["fields", "layout"], cached
@@ -210,6 +216,6 @@ def test_validate_caches_what_it_derives_from_the_libraries(tmp_path, monkeypatc
     raw = shipped()
     raw["model"]["tiny"]["num_hidden_layers"] = 1
     other = validate(raw)
-    one_layer = base_model_layout(StageParams(other, "validate", ["model"]).model, ROOT)
+    one_layer = base_model_layout(for_stage(other, "validate", ["model"]).model, ROOT)
     assert len(list((tmp_path / "lora-pipeline").glob("layout-*.json"))) == 2  # another config, another entry
     assert not any(".layers.1." in name for name in one_layer.modules)

@@ -7,7 +7,7 @@ import yaml
 
 from conftest import ROOT, git_env, run
 from lora_pipeline.checks import check_library_fields, check_scheduler
-from lora_pipeline.params import ParamsError, StageParams, flat_keys, validate
+from lora_pipeline.params import ParamsError, for_stage, flat_keys, validate
 from lora_pipeline.recipes import compose, exp_run_command, main
 
 RECIPES = sorted(str(p.relative_to(ROOT / "recipes"))[:-5] for p in (ROOT / "recipes").rglob("*.yaml"))
@@ -19,7 +19,7 @@ def test_the_shipped_recipes_are_found():
 
 @pytest.mark.parametrize("name", RECIPES)
 def test_each_recipe_composes_into_valid_params(name):
-    params = StageParams(validate(compose(name), source=name), "recipe", ["model", "train", "lora"])
+    params = for_stage(validate(compose(name), source=name), "recipe", ["model", "train", "lora"])
     check_library_fields(params.train, params.lora)
     check_scheduler(params.train)
     assert params.model.source == "hub"
@@ -59,7 +59,7 @@ def test_bad_recipes_are_named_with_the_key(recipes_root):
     write(recipes_root, "a", "extends: b\nlora.r: 4\n")
     write(recipes_root, "b", "extends: a\n")
     write(recipes_root, "extra", "train.sft.dataloader_num_workers: 2\nmodel.tiny.hidden_size: 64\n")
-    typo = StageParams(validate(compose("typo", recipes_root)), "recipe", ["train", "lora"])
+    typo = for_stage(validate(compose("typo", recipes_root)), "recipe", ["train", "lora"])
     with pytest.raises(ValueError, match="lora.rank.*did you mean lora.r"):  # what `make recipe` checks first
         check_library_fields(typo.train, typo.lora)
     with pytest.raises(ParamsError, match="recipes/section.yaml: lora: write dotted keys"):

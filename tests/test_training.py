@@ -38,7 +38,7 @@ def _tiny_trainer(tmp_path, name, sets):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from lora_pipeline.params import ROOT, StageParams, validate
+    from lora_pipeline.params import ROOT, for_stage, validate
     from lora_pipeline.recipes import apply_sets
     from lora_pipeline.training import build_trainer
 
@@ -55,7 +55,7 @@ def _tiny_trainer(tmp_path, name, sets):
     raw = apply_sets(yaml.safe_load((ROOT / "params.yaml").read_text()),
                      ["train.checkpoint_steps=0", "train.sft.max_steps=2", "train.sft.warmup_steps=0",
                       "lora.lora_dropout=0.0", "train.sft.assistant_only_loss=false", *sets])
-    params = StageParams(validate(raw), "test", ["model", "quantization", "train", "lora"])
+    params = for_stage(validate(raw), "test", ["model", "quantization", "train", "lora"])
     rows = Dataset.from_list([{"input_ids": [(7 * i + j) % 95 + 2 for j in range(20 + i)]} for i in range(32)])
     return build_trainer(params, base, rows, tmp_path / name)
 

@@ -1,0 +1,96 @@
+"""The accelerate config a training launches with, and whether this machine can run it: its processes, GPUs,
+mixed precision and attention kernels."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import yaml
+
+from lora_pipeline.dvcfiles import ROOT
+
+
+# Multi-process setups that shard each weight across processes: a bitsandbytes-quantized base is not sharded here.
+SHARDED = {"FSDP", "DEEPSPEED"}
+
+
+def accelerate_config(train, root: Path = ROOT) -> dict:
+    """The accelerate config that train.accelerate_config names ({} if there is none)."""
+    config = root / "configs" / "accelerate" / f"{train.accelerate_config}.yaml"
+    return (yaml.safe_load(config.read_text()) or {}) if config.is_file() else {}
+
+
+def distributed_type(train, root: Path = ROOT) -> str | None:
+    """accelerate's distributed_type in the config that train.accelerate_config names (None if unreadable)."""
+    return accelerate_config(train, root).get("distributed_type")
+
+
+def processes_here(config: dict) -> int:
+    """The processes `accelerate launch` starts on this machine: num_processes counts those of every machine, and
+    each machine's launcher starts num_processes / num_machines of them (multi_node: 16 over 2 machines, 8 each)."""
+    return int(config.get("num_processes", 1)) // max(int(config.get("num_machines", 1)), 1)
+
+
+def usable_gpus(config: dict) -> tuple[int, str]:
+    """How many GPUs of this machine the config's processes can use (all, or those of its gpu_ids that exist), and
+    that in words."""
+    import torch
+
+    count, ids = torch.cuda.device_count(), config.get("gpu_ids", "all")
+    present = f"{count} CUDA GPU{'s' * (count != 1)}" if count else "no CUDA GPU"
+    if ids in (None, "all") or not count:
+        return count, present
+    listed = [i.strip() for i in str(ids).split(",") if i.strip()]
+    usable = sum(i.isdigit() and int(i) < count for i in listed)
+    return usable, f"{usable} of the GPUs its gpu_ids lists ({ids}) ({present} in all)"
+
+
+def gpu_count_problem(train, config: dict) -> str | None:
+    """Why the config starts more GPU processes on this machine than it has GPUs, or None. A config with use_cpu:
+    true (accelerate's own key) runs CPU processes: with distributed_type MULTI_GPU, accelerate launch still starts
+    num_processes of them (its multi-GPU launcher; `--cpu` would start one) and the train stage makes them one group
+    over gloo, so GPUs are not counted for it."""
+    if config.get("use_cpu"):
+        return None
+    here, (gpus, have) = processes_here(config), usable_gpus(config)
+    if here <= gpus:
+        return None
+    machines = int(config.get("num_machines", 1))
+    counted = f"num_processes {config.get('num_processes', 1)}"
+    counted += f" / num_machines {machines}" if machines > 1 else ""
+    smaller = f"a copy with num_processes at most {gpus} per machine, or " if gpus else ""
+    return (f"train.accelerate_config: {train.accelerate_config} starts {here} process{'es' * (here != 1)} on this "
+            f"machine ({counted}), one per GPU, but this machine has {have}; allowed here: {smaller}a config with "
+            "use_cpu: true (cpu, cpu_ddp)")
+
+
+def check_machine(model, train, root: Path = ROOT) -> None:
+    """Settings this machine cannot run: mixed precision needs a GPU, flash attention a GPU and flash-attn (flex
+    attention falls back to sdpa on a CPU), FSDP and DeepSpeed GPUs (and DeepSpeed its package), and an accelerate
+    config a GPU for each process it starts here."""
+    import torch
+
+    problems = []
+    gpu = torch.cuda.is_available()
+    config = accelerate_config(train, root)
+    distributed, lacking = config.get("distributed_type"), []
+    sharded_without_gpu = distributed in SHARDED and not gpu  # the train stage's use_cpu: plain data parallel
+    if sharded_without_gpu:
+        lacking.append("a CUDA GPU")
+    if distributed == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
+        lacking.append("the deepspeed package (requirements-gpu.txt)")
+    if lacking:
+        problems.append(f"train.accelerate_config: {train.accelerate_config} ({distributed}, the model sharded over "
+                        f"GPUs) needs {' and '.join(lacking)}, which this machine lacks; allowed here: cpu, cpu_ddp")
+    if not sharded_without_gpu and (problem := gpu_count_problem(train, config)):
+        problems.append(problem)  # e.g. multi_gpu without a GPU would train 8 processes over gloo
+    if not gpu and (train.sft.bf16 or train.sft.fp16):
+        problems.append(f"train.sft.bf16 / train.sft.fp16: mixed precision needs a CUDA GPU and none is present (got "
+                        f"bf16 {train.sft.bf16}, fp16 {train.sft.fp16}); allowed here: both false, to train on the CPU")
+    flash_attn = importlib.util.find_spec("flash_attn") is not None
+    lacking = [need for need, present in (("a CUDA GPU", gpu), ("the flash-attn package", flash_attn)) if not present]
+    if model.attn_implementation == "flash_attention_2" and lacking:
+        problems.append(f"model.attn_implementation: flash_attention_2 needs {' and '.join(lacking)}, which this "
+                        "machine lacks; allowed here: eager, sdpa, flex_attention")
+    if problems:
+        raise ValueError("\n".join(problems))
