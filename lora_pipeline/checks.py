@@ -319,7 +319,7 @@ def compute_dtype_problem(method: str, compute: str, dtype: str, sft) -> str | N
 def check_save_format(model, merge, root: Path = ROOT) -> None:
     """merge.save_format: mxfp4 stores gpt-oss's MoE experts, so it needs a gpt-oss base (checked here where the base's
     config is known before fetch; the merge stage checks models/base itself)."""
-    from lora_pipeline.mxfp4 import save_format_problem
+    from lora_pipeline.mxfp4_checkpoint import save_format_problem
 
     config = base_model_config(model, root)
     problem = save_format_problem(merge.save_format, config.model_type) if config is not None else None

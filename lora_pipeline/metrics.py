@@ -1,4 +1,4 @@
-"""Evaluation measures: held-out loss, language identification, answer extraction, and MGSM loading."""
+"""Evaluation measures: held-out loss, language identification, answer extraction, MGSM loading, logit comparison."""
 from __future__ import annotations
 
 import csv
@@ -137,3 +137,15 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
             outputs[i] = text.replace(tokenizer.pad_token, "") if tokenizer.pad_token else text
     tokenizer.padding_side = "right"
     return outputs
+
+
+def compare_logits(reference: torch.Tensor, other: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+    """How far `other`'s logits [..., vocab] are from `reference`'s over the positions in `mask`: max and mean
+    |difference|, the max relative to the largest |reference logit|, and how often the top-1 tokens agree."""
+    ref, oth = reference.float(), other.float()
+    if mask is not None:
+        ref, oth = ref[mask.bool()], oth[mask.bool()]
+    diff = (ref - oth).abs()
+    return {"max_abs_logit_diff": diff.max().item(), "mean_abs_logit_diff": diff.mean().item(),
+            "relative_logit_diff": (diff.max() / ref.abs().max()).item(),
+            "top1_agreement": (ref.argmax(-1) == oth.argmax(-1)).float().mean().item()}
