@@ -9,8 +9,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from lora_pipeline.chat import Problem, conversation_chars, row_problem
 from lora_pipeline.formats import Converter, FormatError, Rename, check_format
+from lora_pipeline.rows import Problem, conversation_chars, row_problem
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
