@@ -5,7 +5,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-LANGUAGES = {"en": "English", "de": "German", "es": "Spanish", "fr": "French", "it": "Italian"}
+from lora_pipeline.languages import LANGUAGE_NAMES
+
+LANGUAGES = {code: LANGUAGE_NAMES[code] for code in ("en", "de", "es", "fr", "it")}  # those TEMPLATES is written in
 LANGUAGE_CODES = {name: code for code, name in LANGUAGES.items()}
 
 DEVELOPER_PROMPTS = (

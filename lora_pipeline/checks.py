@@ -11,7 +11,8 @@ import yaml
 
 from lora_pipeline.data import check_data, split_rows
 from lora_pipeline.formats import check_format
-from lora_pipeline.metrics import LANGUAGE_NAMES, mgsm_files
+from lora_pipeline.languages import LANGUAGE_NAMES
+from lora_pipeline.metrics import mgsm_files
 from lora_pipeline.params import ROOT, ParamsError, StageParams, stage_view, validate
 
 # A held-out figure (loss, compliance) from one row is a single sample, not an average: two rows is the least.

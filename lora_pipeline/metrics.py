@@ -8,11 +8,6 @@ from pathlib import Path
 
 import torch
 
-# ISO 639-1 code -> the name used in "reasoning language: <Name>" (Multilingual-Thinking's form).
-LANGUAGE_NAMES = {"en": "English", "de": "German", "es": "Spanish", "fr": "French", "it": "Italian",
-                  "ru": "Russian", "zh": "Chinese", "ja": "Japanese", "th": "Thai", "sw": "Swahili",
-                  "bn": "Bengali", "te": "Telugu", "pt": "Portuguese", "nl": "Dutch"}
-
 _identifier = None
 
 
