@@ -75,13 +75,6 @@ def tiny_gpt_oss(tokenizer, tiny):
                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
 
 
-def build_tiny_gpt_oss(out_dir, **sizes) -> None:
-    """Write a randomly initialised tiny gpt-oss (see random_gpt_oss) to out_dir as an MXFP4 checkpoint."""
-    from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
-
-    save_mxfp4_checkpoint(random_gpt_oss(**sizes), out_dir)
-
-
 def random_gpt_oss(
     *,
     vocab_size: int,

@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import build_tiny_gpt_oss
 from lora_pipeline.modeling import load_model
 from lora_pipeline.mxfp4 import FP4_VALUES, dequantize_mxfp4, quantize_mxfp4
 from lora_pipeline.mxfp4_checkpoint import save_dequantized, save_mxfp4_checkpoint
-from lora_pipeline.tiny_models import build_tiny_gpt_oss
 
 VOCAB = 96
 # As the recipe loads openai/gpt-oss-20b: bf16, MXFP4 experts dequantized (the pipeline's one loader).
