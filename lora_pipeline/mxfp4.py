@@ -18,7 +18,7 @@ MXFP4_BLOCK = 32
 _E8M0_BIAS = 127
 # Midpoints between consecutive positive e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6.
 _FP4_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-_ROWS_PER_CHUNK = 1 << 20  # groups of 32 handled at once: bounds the temporaries to a few hundred MiB
+_ROWS_PER_CHUNK = 1 << 20  # groups of 32 at once: a float32 temporary holds 2**20 * 32 values at most
 
 
 def quantize_mxfp4(weight: torch.Tensor, scale: str = "round_up") -> tuple[torch.Tensor, torch.Tensor]:

@@ -211,13 +211,14 @@ def load_into(model, path, device=None) -> None:
 
 
 def save_dequantized(path, out_dir, device=None, max_shard_size: int = 5 * 2**30) -> None:
-    """Write the MXFP4 checkpoint at `path` to the new folder `out_dir` with its experts in bf16 (42 GB for
-    gpt-oss-20b): the weights Mxfp4Config(dequantize=True) loads, under the names transformers loads without a
-    quantizer, one shard in memory at a time; config.json without quantization_config, the tokenizer and other
-    files copied. A base that loads with quantization.method none, as DeepSpeed ZeRO-3 needs: transformers partitions
-    a checkpoint while loading it (zero.Init) only when it is not quantized; from MXFP4 every process would first build
-    the whole dequantized model on the CPU. `device`: where the experts are dequantized (gpt-oss-20b took 56 s on one
-    H200). Written to a staging folder and renamed when complete: an interrupted run leaves no partial `out_dir`."""
+    """Write the MXFP4 checkpoint at `path` to the new folder `out_dir` with its experts in bf16 (two bytes per
+    parameter, as the whole model in bf16): the weights Mxfp4Config(dequantize=True) loads, under the names
+    transformers loads without a quantizer, one shard in memory at a time; config.json without quantization_config,
+    the tokenizer and other files copied. A base that loads with quantization.method none, as DeepSpeed ZeRO-3 needs:
+    transformers partitions a checkpoint while loading it (zero.Init) only when it is not quantized; from MXFP4 every
+    process would first build the whole dequantized model on the CPU. `device`: where the experts are dequantized
+    (a GPU where there is one: every expert value is decoded). Written to a staging folder and renamed when
+    complete: an interrupted run leaves no partial `out_dir`."""
     import shutil
 
     from safetensors import safe_open
