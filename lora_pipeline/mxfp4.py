@@ -91,7 +91,7 @@ def _e2m1_codes(q: torch.Tensor, midpoints: torch.Tensor) -> torch.Tensor:
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Inverse, pure torch: [..., K/32, 16] + [..., K/32] -> [..., K].
 
-    Used by tests and to compare with transformers' own loader.
+    Reads MXFP4 checkpoints back (mxfp4_checkpoint) and checks transformers' own loader against it.
 
     Same arithmetic as transformers' convert_moe_packed_tensors (table lookup in `dtype`, then ldexp), but without
     its final transpose: this returns the on-disk orientation [..., out, in].
