@@ -26,15 +26,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-from lora_pipeline.mxfp4 import (compare_logits, dequantize_mxfp4, gpt_oss_20b_config,
-                                 load_mxfp4_dequantized, quantize_mxfp4, save_mxfp4_checkpoint)
+from lora_pipeline.metrics import compare_logits
+from lora_pipeline.modeling import load_model
+from lora_pipeline.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
+from lora_pipeline.tiny_models import gpt_oss_20b_config
 
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 ATTENTION = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight")
 REAL_LAYERS = 24
+# model.* params for load_model: bf16, and the eager attention and experts from_pretrained picks for gpt-oss
+BF16 = SimpleNamespace(dtype="bfloat16", attn_implementation="eager", experts_implementation="eager",
+                       trust_remote_code=False)
 
 
 def on_grid(w: torch.Tensor) -> torch.Tensor:
@@ -201,7 +208,7 @@ def main():
                                                  result["sizes"]["bf16"]["file_bytes"], 3)
                 shutil.rmtree(work / "bf16")
             t = time.perf_counter()
-            loaded = load_mxfp4_dequantized(folder, device_map=str(device))  # as openai/gpt-oss-20b is loaded
+            loaded = load_model(folder, BF16, device_map=str(device))  # MXFP4 dequantized, as openai/gpt-oss-20b
             timings.setdefault(f"load_mxfp4_{rule}_s", []).append(round(time.perf_counter() - t, 1))
             entry[rule]["logits_mxfp4_vs_bf16"] = compare_logits(merged_logits, logits(loaded))
             del loaded

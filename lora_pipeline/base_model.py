@@ -67,7 +67,7 @@ def base_model_config(model, root: Path):
 
 def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
     """The base model's module and parameter names, from its architecture built on the meta device (no memory).
-    Importing the architecture's code takes seconds on every validate: the names are cached per config and
+    Importing the architecture's code is slow compared to the rest of validate: the names are cached per config and
     transformers version (not for remote code, which can change under the same version)."""
     config = base_model_config(model, root)
     if config is None:
@@ -166,9 +166,10 @@ def check_quantization(model, quantization, train, distributed: str | None, root
     if method == "mxfp4-dequantize" and distributed == "DEEPSPEED":
         problems.append(f"quantization.method: mxfp4-dequantize with train.accelerate_config {train.accelerate_config} "
                         "(DEEPSPEED): transformers loads a quantized checkpoint without zero.Init, so every process "
-                        "first dequantizes the whole model on the CPU (gpt-oss-20b on 2 processes: still loading "
-                        "after 200 s); write a bf16 copy once (python -m lora_pipeline.mxfp4 dequantize models/base "
-                        "FOLDER) and train that with model.source local, model.name FOLDER, quantization.method none; "
+                        "first dequantizes the whole model on the CPU, one copy per process, before training starts; "
+                        "write a bf16 copy once (python -m lora_pipeline.mxfp4_checkpoint dequantize models/base "
+                        "FOLDER) "
+                        "and train that with model.source local, model.name FOLDER, quantization.method none; "
                         "or keep mxfp4-dequantize with fsdp2 or multi_gpu")
     if compute != "auto" and (problem := compute_dtype_problem(method, compute, model.dtype, train.sft)):
         problems.append(f"quantization.compute_dtype: {compute}{problem}")
@@ -198,7 +199,7 @@ def compute_dtype_problem(method: str, compute: str, dtype: str, sft) -> str | N
 def check_save_format(model, merge, root: Path = ROOT) -> None:
     """merge.save_format: mxfp4 stores gpt-oss's MoE experts, so it needs a gpt-oss base (checked here where the base's
     config is known before fetch; the merge stage checks models/base itself)."""
-    from lora_pipeline.mxfp4 import save_format_problem
+    from lora_pipeline.mxfp4_checkpoint import save_format_problem
 
     config = base_model_config(model, root)
     problem = save_format_problem(merge.save_format, config.model_type) if config is not None else None

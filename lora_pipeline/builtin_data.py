@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-LANGUAGES = {"en": "English", "de": "German", "es": "Spanish", "fr": "French", "it": "Italian"}
-LANGUAGE_CODES = {name: code for code, name in LANGUAGES.items()}
+from lora_pipeline.languages import LANGUAGE_NAMES
+
+LANGUAGES = {code: LANGUAGE_NAMES[code] for code in ("en", "de", "es", "fr", "it")}  # those TEMPLATES is written in
 
 DEVELOPER_PROMPTS = (
     "You are a helpful assistant that solves arithmetic word problems.",
@@ -306,19 +307,6 @@ TEMPLATES = {
         ),
     },
 }
-
-
-def language_code(name_or_code: str) -> str:
-    """Return the ISO code for a language given as code ("de") or English name ("German", "german")."""
-    if isinstance(name_or_code, str):
-        key = name_or_code.strip()
-        if key.lower() in LANGUAGES:
-            return key.lower()
-        for name, code in LANGUAGE_CODES.items():
-            if name.lower() == key.lower():
-                return code
-    valid = ", ".join(f"{code} ({name})" for code, name in LANGUAGES.items())
-    raise ValueError(f"unknown language {name_or_code!r}; valid: {valid}")
 
 
 def _numbers(kind: str, rng: random.Random) -> dict:

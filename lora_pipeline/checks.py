@@ -13,7 +13,7 @@ from lora_pipeline.cache import cached
 from lora_pipeline.data import check_data, check_split
 from lora_pipeline.formats import check_format
 from lora_pipeline.launch import check_machine, distributed_type
-from lora_pipeline.metrics import LANGUAGE_NAMES, mgsm_files
+from lora_pipeline.metrics import check_eval, check_gate_metric, check_register
 from lora_pipeline.modeling import check_model
 from lora_pipeline.params import ROOT, Params, ParamsError, for_stage, validate
 
@@ -54,41 +54,6 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
     return view
 
 
-def check_eval(ev) -> None:
-    languages = {"eval.languages": ev.languages, "eval.mgsm.languages": ev.mgsm.languages if ev.mgsm.path else []}
-    problems = [f"{key}: unknown codes {unknown}; known: {sorted(LANGUAGE_NAMES)}"
-                for key, codes in languages.items() if (unknown := [c for c in codes if c not in LANGUAGE_NAMES])]
-    if problems:
-        raise ValueError("\n".join(problems))
-    if ev.mgsm.path and ev.mgsm.path != "hub":
-        mgsm_files(ev.mgsm.path, ev.mgsm.languages)
-
-
-def check_register(register) -> None:
-    stage = register.gate_metric.split(".")[0]
-    if stage not in ("train", "merge", "eval"):
-        raise ValueError(f"register.gate_metric '{register.gate_metric}' must start with train., merge. or eval. "
-                         "(the metrics file it comes from)")
-
-
-def eval_metric_keys(ev) -> list[str]:
-    """The figures of the fine-tuned model that stages/evaluate.py writes to metrics/eval.json for these params."""
-    keys = ["test.loss", "test.perplexity", "compliance.overall", *(f"compliance.{lang}" for lang in ev.languages),
-            "final_language_rate", "accuracy.builtin"]
-    if ev.mgsm.path:
-        keys += ["accuracy.mgsm.overall", *(f"accuracy.mgsm.{lang}" for lang in ev.mgsm.languages)]
-    return keys
-
-
-def check_gate_metric(register, ev) -> None:
-    """An eval. gate metric must be a figure that evaluate writes with these params (train. and merge. figures are
-    checked by register against the metrics files)."""
-    stage, _, key = register.gate_metric.partition(".")
-    if stage == "eval" and key not in (known := eval_metric_keys(ev)):
-        raise ValueError(f"register.gate_metric: '{register.gate_metric}' is not a figure that evaluate writes with "
-                         f"these eval params; allowed: {['eval.' + k for k in known]}")
-
-
 # Fields the train stage sets itself: a value in params.yaml would be overridden, so it is refused.
 STAGE_OWNED_SFT_FIELDS = {"output_dir", "save_strategy", "save_steps", "save_total_limit", "report_to", "use_cpu",
                           "include_num_input_tokens_seen", "dataloader_num_workers"}
@@ -116,9 +81,9 @@ def unknown_fields(given: dict, known: set[str], section: str, owner: str) -> li
 
 
 def library_fields() -> dict[str, list[str]]:
-    """The field names of trl.SFTConfig and peft.LoraConfig, and transformers' scheduler names. Importing them
-    loads peft (seconds: bitsandbytes and more) on every validate: they are cached per installed version of trl,
-    peft and transformers."""
+    """The field names of trl.SFTConfig and peft.LoraConfig, and transformers' scheduler names. Importing them loads
+    peft, and with it bitsandbytes, slowly compared to the rest of validate: they are cached per installed version of
+    trl, peft and transformers."""
 
     def names() -> dict[str, list[str]]:
         from peft import LoraConfig

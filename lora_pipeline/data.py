@@ -9,8 +9,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from lora_pipeline.chat import Problem, conversation_chars, row_problem
 from lora_pipeline.formats import Converter, FormatError, Rename, check_format
+from lora_pipeline.rows import Problem, conversation_chars, row_problem
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
@@ -33,14 +33,9 @@ class SourceRow:
         return f"{label} row {self.number}{line}"
 
 
-def load_rows(data_params) -> tuple[list[dict], dict]:
-    """The usable rows of the configured source, and what reading them found (rows in, kept, dropped per reason)."""
-    rows, counts, _ = load_data(data_params)
-    return rows, counts
-
-
 def load_data(data_params) -> tuple[list[dict], dict, str]:
-    """load_rows, and the format the rows were in (data.format, or the one detected from the first row)."""
+    """The usable rows of the configured source, what reading them found (rows in, kept, dropped per reason), and
+    the format the rows were in (data.format, or the one detected from the first row)."""
     label, source_rows, data_format = read_source(data_params)
     if data_params.max_rows:
         source_rows = source_rows[: data_params.max_rows]

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Callable
 
-from lora_pipeline.chat import Problem
+from lora_pipeline.rows import Problem
 
 # Each format's fields: those a row must have, then optional ones. data.columns maps them to a data set's columns.
 FORMATS = {
@@ -17,7 +17,7 @@ FORMATS = {
 }
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user", "assistant": "assistant"}
 JSON_TEXT_FIELDS = ("messages", "conversations")  # lists that csv cells and some Hub sets hold as JSON text
-# A problem that chat.row_problem names by the converted messages: messages, messages[i], messages[i].key
+# A problem that rows.row_problem names by the converted messages: messages, messages[i], messages[i].key
 _MESSAGES_FIELD = re.compile(r"^messages(?:\[(\d+)\])?(?:\.(\w+))?(?=: )")
 
 Rename = Callable[[str], str]

@@ -1,4 +1,5 @@
-"""Evaluation measures: held-out loss, language identification, answer extraction, and MGSM loading."""
+"""Evaluation measures: held-out loss, language identification, answer extraction, MGSM loading, logit comparison;
+and the checks of the eval and register params against what evaluate measures."""
 from __future__ import annotations
 
 import csv
@@ -8,10 +9,7 @@ from pathlib import Path
 
 import torch
 
-# ISO 639-1 code -> the name used in "reasoning language: <Name>" (Multilingual-Thinking's form).
-LANGUAGE_NAMES = {"en": "English", "de": "German", "es": "Spanish", "fr": "French", "it": "Italian",
-                  "ru": "Russian", "zh": "Chinese", "ja": "Japanese", "th": "Thai", "sw": "Swahili",
-                  "bn": "Bengali", "te": "Telugu", "pt": "Portuguese", "nl": "Dutch"}
+from lora_pipeline.languages import LANGUAGE_NAMES
 
 _identifier = None
 
@@ -137,3 +135,50 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
             outputs[i] = text.replace(tokenizer.pad_token, "") if tokenizer.pad_token else text
     tokenizer.padding_side = "right"
     return outputs
+
+
+def compare_logits(reference: torch.Tensor, other: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+    """How far `other`'s logits [..., vocab] are from `reference`'s over the positions in `mask`: max and mean
+    |difference|, the max relative to the largest |reference logit|, and how often the top-1 tokens agree."""
+    ref, oth = reference.float(), other.float()
+    if mask is not None:
+        ref, oth = ref[mask.bool()], oth[mask.bool()]
+    diff = (ref - oth).abs()
+    return {"max_abs_logit_diff": diff.max().item(), "mean_abs_logit_diff": diff.mean().item(),
+            "relative_logit_diff": (diff.max() / ref.abs().max()).item(),
+            "top1_agreement": (ref.argmax(-1) == oth.argmax(-1)).float().mean().item()}
+
+
+def check_eval(ev) -> None:
+    languages = {"eval.languages": ev.languages, "eval.mgsm.languages": ev.mgsm.languages if ev.mgsm.path else []}
+    problems = [f"{key}: unknown codes {unknown}; known: {sorted(LANGUAGE_NAMES)}"
+                for key, codes in languages.items() if (unknown := [c for c in codes if c not in LANGUAGE_NAMES])]
+    if problems:
+        raise ValueError("\n".join(problems))
+    if ev.mgsm.path and ev.mgsm.path != "hub":
+        mgsm_files(ev.mgsm.path, ev.mgsm.languages)
+
+
+def check_register(register) -> None:
+    stage = register.gate_metric.split(".")[0]
+    if stage not in ("train", "merge", "eval"):
+        raise ValueError(f"register.gate_metric '{register.gate_metric}' must start with train., merge. or eval. "
+                         "(the metrics file it comes from)")
+
+
+def eval_metric_keys(ev) -> list[str]:
+    """The figures of the fine-tuned model that stages/evaluate.py writes to metrics/eval.json for these params."""
+    keys = ["test.loss", "test.perplexity", "compliance.overall", *(f"compliance.{lang}" for lang in ev.languages),
+            "final_language_rate", "accuracy.builtin"]
+    if ev.mgsm.path:
+        keys += ["accuracy.mgsm.overall", *(f"accuracy.mgsm.{lang}" for lang in ev.mgsm.languages)]
+    return keys
+
+
+def check_gate_metric(register, ev) -> None:
+    """An eval. gate metric must be a figure that evaluate writes with these params (train. and merge. figures are
+    checked by register against the metrics files)."""
+    stage, _, key = register.gate_metric.partition(".")
+    if stage == "eval" and key not in (known := eval_metric_keys(ev)):
+        raise ValueError(f"register.gate_metric: '{register.gate_metric}' is not a figure that evaluate writes with "
+                         f"these eval params; allowed: {['eval.' + k for k in known]}")

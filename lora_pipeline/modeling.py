@@ -134,7 +134,7 @@ def load_model(path: str | Path, model_params, quantization=None, revision: str 
 
 def training_device_map():
     """With one replica per GPU (no FSDP/DeepSpeed sharding), load each process's copy straight onto its GPU,
-    so 8 processes do not each stage a 42 GB gpt-oss-20b in CPU memory first."""
+    so the processes do not each stage a whole copy of the model in CPU memory first."""
     from accelerate import PartialState
     from accelerate.utils import DistributedType
 

@@ -1,4 +1,4 @@
-"""Tiny base models of the real architectures (Qwen2, gpt-oss), with a byte-level BPE tokenizer trained locally."""
+"""Tiny base models of the real architectures (Qwen2, gpt-oss) with a locally trained BPE; gpt-oss-20b's config."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, de
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from lora_pipeline.chat import CHATML_SPECIAL_TOKENS, CHATML_THINK_TEMPLATE, HARMONY_SPECIAL_TOKENS, HARMONY_TEMPLATE
+from lora_pipeline.mxfp4 import MXFP4_BLOCK
 
 # Qwen2Tokenizer rebuilds its pre-tokenizer from this regex whatever tokenizer.json says, so the BPE is
 # trained with exactly that pipeline (NFC, the regex split, byte level without its own regex).
@@ -64,17 +65,122 @@ def tiny_qwen2(tokenizer, tiny):
 
 def tiny_gpt_oss(tokenizer, tiny):
     """A randomly initialised GptOssForCausalLM (bf16) of the given sizes."""
-    from lora_pipeline import mxfp4
+    return random_gpt_oss(vocab_size=len(tokenizer), hidden_size=tiny.hidden_size,
+                          intermediate_size=tiny.intermediate_size, num_hidden_layers=tiny.num_hidden_layers,
+                          num_attention_heads=tiny.num_attention_heads, num_key_value_heads=tiny.num_key_value_heads,
+                          head_dim=tiny.hidden_size // tiny.num_attention_heads,
+                          num_local_experts=tiny.num_local_experts, num_experts_per_tok=tiny.num_experts_per_tok,
+                          max_position_embeddings=tiny.max_position_embeddings, seed=tiny.seed,
+                          initializer_range=tiny.initializer_range,
+                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
 
-    return mxfp4.tiny_gpt_oss(vocab_size=len(tokenizer), hidden_size=tiny.hidden_size,
-                              intermediate_size=tiny.intermediate_size, num_hidden_layers=tiny.num_hidden_layers,
-                              num_attention_heads=tiny.num_attention_heads,
-                              num_key_value_heads=tiny.num_key_value_heads,
-                              head_dim=tiny.hidden_size // tiny.num_attention_heads,
-                              num_local_experts=tiny.num_local_experts, num_experts_per_tok=tiny.num_experts_per_tok,
-                              max_position_embeddings=tiny.max_position_embeddings, seed=tiny.seed,
-                              initializer_range=tiny.initializer_range,
-                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+
+def random_gpt_oss(
+    *,
+    vocab_size: int,
+    hidden_size: int = 64,
+    intermediate_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    head_dim: int = 16,
+    num_local_experts: int = 4,
+    num_experts_per_tok: int = 2,
+    sliding_window: int = 32,
+    max_position_embeddings: int = 1024,
+    seed: int = 0,
+    pad_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    bos_token_id: int | None = None,
+    initializer_range: float = 0.02,
+):
+    """A randomly initialised (torch.manual_seed(seed)) GptOssForCausalLM in bf16.
+
+    The real architecture in bf16: layer_types alternating sliding/full attention as the real config does, YaRN rope
+    with factor 32. hidden_size and intermediate_size must be multiples of 32 (ValueError naming the param otherwise).
+    """
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    for pname, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+        if not isinstance(value, int) or value <= 0 or value % MXFP4_BLOCK != 0:
+            raise ValueError(f"{pname} must be a positive multiple of {MXFP4_BLOCK} for MXFP4, got {value!r}")
+    positive = {
+        "vocab_size": vocab_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": head_dim,
+        "num_local_experts": num_local_experts,
+        "num_experts_per_tok": num_experts_per_tok,
+        "sliding_window": sliding_window,
+        "max_position_embeddings": max_position_embeddings,
+    }
+    for pname, value in positive.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{pname} must be a positive int, got {value!r}")
+    if num_attention_heads % num_key_value_heads != 0:
+        raise ValueError(
+            f"num_attention_heads ({num_attention_heads}) must be a multiple of num_key_value_heads "
+            f"({num_key_value_heads})"
+        )
+    if num_experts_per_tok > num_local_experts:
+        raise ValueError(
+            f"num_experts_per_tok ({num_experts_per_tok}) must be <= num_local_experts ({num_local_experts})"
+        )
+    for pname, value in (("pad_token_id", pad_token_id), ("bos_token_id", bos_token_id)):
+        if value is not None and not 0 <= value < vocab_size:
+            raise ValueError(f"{pname} {value} is outside the vocabulary [0, {vocab_size})")
+    for value in [eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []):
+        if not 0 <= value < vocab_size:
+            raise ValueError(f"eos_token_id {value} is outside the vocabulary [0, {vocab_size})")
+
+    # The real config's YaRN: factor 32 over original_max_position_embeddings (4096 -> 131072); keep that shape.
+    original_max_pos = max(1, max_position_embeddings // 32)
+    rope_parameters = {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": max_position_embeddings / original_max_pos,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": original_max_pos,
+    }
+    config = GptOssConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim,
+        num_local_experts=num_local_experts,
+        num_experts_per_tok=num_experts_per_tok,
+        sliding_window=sliding_window,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters=rope_parameters,
+        # As in openai/gpt-oss-20b's config.json: layer 0 sliding, then alternating.
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_hidden_layers)],
+        tie_word_embeddings=False,
+        initializer_range=initializer_range,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=bos_token_id,
+    )
+    torch.manual_seed(seed)
+    return GptOssForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def gpt_oss_20b_config(num_hidden_layers: int = 24, **overrides):
+    """openai/gpt-oss-20b's config.json as a GptOssConfig (full width; fewer layers or experts for cheap checks)."""
+    from transformers import GptOssConfig
+
+    fields = dict(num_hidden_layers=num_hidden_layers, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
+                  hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
+                  sliding_window=128, use_cache=False, tie_word_embeddings=False)
+    fields.update(overrides)
+    n = fields["num_hidden_layers"]
+    fields["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    return GptOssConfig(**fields)
 
 
 def build_tiny(family: str, rows: list[dict], tiny, out_dir: Path) -> list[float]:
@@ -90,7 +196,7 @@ def build_tiny(family: str, rows: list[dict], tiny, out_dir: Path) -> list[float
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in FAMILIES[family]["eos"]]
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
     if family == "tiny-gpt-oss":
-        from lora_pipeline.mxfp4 import save_mxfp4_checkpoint
+        from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
 
         save_mxfp4_checkpoint(model.to(torch.bfloat16), out_dir)  # gpt-oss ships in bf16 + MXFP4
     else:

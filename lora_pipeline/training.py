@@ -58,10 +58,10 @@ def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTCon
 
 def build_block_masks_eagerly() -> None:
     """Flex attention's block masks built without torch.compile; the attention kernel itself stays compiled.
-    transformers compiles `create_block_mask` for each new packed length: gpt-oss-20b's first step took 62 s on one
-    GPU, and on two (DDP) no step finished in 6 minutes. Built eagerly (a dense boolean pass over the packed
-    length, the same tiles marked; transiently about 10 bytes per element, 3.6 GB for a 19k-token packed batch), the
-    first step takes about 21 s on one GPU and 20-25 s on two, and the timed steps run as fast (docs/performance.md)."""
+    transformers compiles `create_block_mask` for each new packed length: for gpt-oss-20b that made the first step
+    slow on one GPU and kept every step from finishing on two (DDP). Built eagerly (a dense boolean pass over the
+    packed length, the same tiles marked; transient memory grows with the square of the packed length), the first
+    step is quicker and the timed steps run as fast (docs/performance.md has the figures)."""
     from torch.nn.attention import flex_attention
     from transformers import masking_utils
 
@@ -93,7 +93,7 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
         trainer.data_collator.padding_free = trainer.padding_free = True
     if args.bf16 or args.fp16:
         # Under autocast the LoRA matmuls run in 16 bits anyway: peft's cast of every LoRA input to the adapters'
-        # float32 only moves bytes (a fifth of the Qwen2-0.5B step's GPU time went to such copies).
+        # float32 only moves bytes (a sizeable share of a step's GPU time: docs/performance.md, Levers).
         from peft.tuners.tuners_utils import BaseTunerLayer
 
         for module in trainer.model.modules():
@@ -106,7 +106,8 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
             # DDP's graph splitter (DDPOptimizer) gets in the way of compiling flex attention (pytorch #137481). The
             # compiled attention holds no parameters, so there are no gradient buckets to split it by.
             torch._dynamo.config.optimize_ddp = False
-        # One process: compiled masks, measured as fast for both recipes. Several: eager, where compiled ones stalled.
+        # One process: compiled masks, as fast as eager ones for both recipes (docs/performance.md). Several: eager,
+        # where compiled ones stalled.
         block_mask = flex_block_mask if flex_block_mask != "auto" else (
             "eager" if trainer.accelerator.num_processes > 1 else "compiled")
         if block_mask == "eager":
@@ -128,8 +129,8 @@ def trainable_tensors(model) -> dict[str, torch.Tensor]:
 
 def save_adapter(trainer: SFTTrainer, folder: Path) -> None:
     """The adapter (and tokenizer) to `folder`; every process calls it, rank 0 writes. Under FSDP only the trainable
-    LoRA tensors are gathered: Trainer.save_model would first gather the whole model's state dict on the CPU (over
-    2 minutes for gpt-oss-20b on 2 GPUs) to keep the adapter's share of it."""
+    LoRA tensors are gathered: Trainer.save_model would first gather the whole model's state dict on the CPU, slow
+    for a large model (docs/gpu-runs.md), to keep the adapter's share of it."""
     if not trainer.is_fsdp_enabled:
         trainer.save_model(str(folder))  # DeepSpeed ZeRO-3 gathers its partitions here
         return

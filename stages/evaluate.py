@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from lora_pipeline.checks import check_eval
 from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.data import read_jsonl, write_jsonl
-from lora_pipeline.metrics import LANGUAGE_NAMES, answer_correct, detect_language, generate, heldout_loss, read_mgsm
+from lora_pipeline.languages import LANGUAGE_NAMES
+from lora_pipeline.metrics import answer_correct, check_eval, detect_language, generate, heldout_loss, read_mgsm
 from lora_pipeline.modeling import device, load_model, load_tokenizer
 from lora_pipeline.outputs import write_json, write_text
 from lora_pipeline.params import load_params

@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-# Everything registered is on disk; offline, MLflow does not wait ~30 s for a Hub model card it cannot use.
+# Everything registered is on disk; offline, MLflow does not wait on the Hub for a model card it cannot use.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import mlflow

@@ -27,13 +27,29 @@ COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_ca
 E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "remotes", "queued"}
 
 
+# Session fixtures that run a pipeline: under pytest-xdist (make test runs two workers) every test that uses one runs
+# on the same worker, so that each is built once, and in the order a single process would run them.
+SHARED_PIPELINES = ("repo", "short_runs")
+
+
 def pytest_collection_modifyitems(items):
-    """Every test is e2e (marked so, or using an E2E_FIXTURES fixture) or else unit, the fast part."""
+    """Every test is e2e (marked so, or using an E2E_FIXTURES fixture) or else unit, the fast part. An e2e test
+    runs on the worker of the session pipeline it uses, or else beside the rest of its module (module fixtures)."""
     for item in items:
         if item.get_closest_marker("e2e") is None and E2E_FIXTURES.isdisjoint(item.fixturenames):
             item.add_marker(pytest.mark.unit)
-        else:
-            item.add_marker(pytest.mark.e2e)
+            continue
+        item.add_marker(pytest.mark.e2e)
+        defs = item._fixtureinfo.name2fixturedefs
+        shared = [name for name in SHARED_PIPELINES if name in defs and defs[name][-1].scope == "session"]
+        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.module.__name__))
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers share the cores: OpenMP threads that sleep while they wait (not spin), one per process, so that
+    # neither worker's pipelines hold a core the other needs. Threads do not change what is computed.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def copy_repo(dest: Path) -> Path:

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from helpers import LANGUAGE_CODES, language_code
 from lora_pipeline import builtin_data as bd
 
 ROW_KEYS = {"reasoning_language", "developer", "user", "analysis", "final", "answer", "user_language", "messages"}
@@ -54,7 +55,7 @@ def test_row_count_and_prefix_stability():
 def test_schema(rows):
     for row in rows:
         assert set(row) == ROW_KEYS
-        assert row["reasoning_language"] in bd.LANGUAGE_CODES
+        assert row["reasoning_language"] in LANGUAGE_CODES
         assert row["user_language"] in bd.LANGUAGES
         assert row["developer"] in bd.DEVELOPER_PROMPTS
         assert isinstance(row["answer"], int) and row["answer"] >= 0
@@ -102,7 +103,7 @@ def test_numbers_are_small(rows):
 
 
 def test_analysis_is_in_reasoning_language(rows, identifier):
-    hits = sum(identifier.classify(r["analysis"])[0] == bd.language_code(r["reasoning_language"]) for r in rows)
+    hits = sum(identifier.classify(r["analysis"])[0] == language_code(r["reasoning_language"]) for r in rows)
     assert hits / len(rows) >= 0.97
 
 
@@ -122,9 +123,9 @@ def test_variety(rows):
     assert [row for _, row in typed] == rows
     assert len({kind for kind, _ in typed}) >= 6
     assert len({r["user"] for r in rows}) >= 500
-    assert {bd.language_code(r["reasoning_language"]) for r in rows} == set(bd.LANGUAGES)
+    assert {language_code(r["reasoning_language"]) for r in rows} == set(bd.LANGUAGES)
     assert {r["user_language"] for r in rows} == set(bd.LANGUAGES)
-    assert sum(bd.language_code(r["reasoning_language"]) != r["user_language"] for r in rows) >= 600
+    assert sum(language_code(r["reasoning_language"]) != r["user_language"] for r in rows) >= 600
     assert len({r["developer"] for r in rows}) >= 3
 
 
@@ -201,17 +202,16 @@ def test_bad_languages(languages, bad):
 @pytest.mark.parametrize("value, code", [("German", "de"), ("german", "de"), ("de", "de"), ("DE", "de"),
                                           ("English", "en"), ("it", "it"), ("french", "fr")])
 def test_language_code(value, code):
-    assert bd.language_code(value) == code
+    assert language_code(value) == code
 
 
 @pytest.mark.parametrize("value", ["Klingon", "pt", "", "Deutsch"])
 def test_language_code_rejects(value):
     with pytest.raises(ValueError, match=re.escape(repr(value))):
-        bd.language_code(value)
+        language_code(value)
 
 
 def test_language_tables_agree():
-    assert bd.LANGUAGE_CODES == {name: code for code, name in bd.LANGUAGES.items()}
     assert set(bd.TEMPLATES) == set(bd.LANGUAGES)
     for templates in bd.TEMPLATES.values():
         assert set(templates) == set(bd.PROBLEM_TYPES)

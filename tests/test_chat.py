@@ -1,9 +1,9 @@
-"""Chat templates, the assistant-only loss mask, row checks and reasoning extraction."""
+"""Chat templates, the assistant-only loss mask and reasoning extraction."""
 import pytest
 from transformers import AutoTokenizer
 
 from lora_pipeline import builtin_data
-from lora_pipeline.chat import conversation, prompt_messages, row_problem, split_reasoning
+from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.metrics import assistant_mask
 from lora_pipeline.tiny_models import tokenizer_corpus, train_tokenizer
 
@@ -67,23 +67,3 @@ def test_prompt_messages():
                                                {"role": "user", "content": "Q?"}]
     assert prompt_messages("Q?", None) == [{"role": "user", "content": "Q?"}]
     assert prompt_messages("Q?", "French", "Be brief.")[0]["content"] == "reasoning language: French\n\nBe brief."
-
-
-@pytest.mark.parametrize("row, reason, detail", [
-    ({}, "not_a_conversation", "messages: missing"),
-    ({"messages": [{"role": "bot", "content": "x"}]}, "unknown_role", "messages[0].role: 'bot' is not one of"),
-    ({"messages": [{"role": "user", "content": 3}]}, "non_string_content",
-     "messages[0].content: must be a string, got int"),
-    ({"messages": [{"role": "assistant", "content": "x", "thinking": 1}]}, "non_string_content",
-     "messages[0].thinking: must be a string or null, got int"),
-    ({"messages": [{"role": "user", "content": "x"}]}, "no_assistant_turn", "messages: no assistant turn"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "\n"}]}, "empty_content",
-     "messages[1].content: empty"),
-])
-def test_row_problem_names_the_reason_and_field(row, reason, detail):
-    problem = row_problem(row)
-    assert problem.reason == reason and problem.detail.startswith(detail)
-
-
-def test_builtin_rows_have_no_problem():
-    assert [row_problem(row) for row in ROWS] == [None] * len(ROWS)

@@ -3,8 +3,8 @@ import pytest
 import yaml
 
 from conftest import MGSM
-from lora_pipeline.checks import check_eval, check_register
 from lora_pipeline.data import check_data
+from lora_pipeline.metrics import check_eval, check_register
 from lora_pipeline.modeling import check_model
 from conftest import ROOT
 from lora_pipeline.params import Data, Eval, Model, Register

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from lora_pipeline.data import DataError, load_data, load_rows
+from helpers import load_rows
+from lora_pipeline.data import DataError, load_data
 from lora_pipeline.formats import FORMATS, FormatError, check_format
 from lora_pipeline.params import Data
 

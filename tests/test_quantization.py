@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import edited_params, run
+from helpers import build_tiny_gpt_oss
 from lora_pipeline.modeling import load_model
-from lora_pipeline.mxfp4 import build_tiny_gpt_oss
 
 FP32 = SimpleNamespace(dtype="float32", attn_implementation="sdpa", experts_implementation="eager",
                        trust_remote_code=False)
