@@ -60,6 +60,17 @@ def git_commit(root: Path) -> str:
         return "unknown"
 
 
+def register_version(client: MlflowClient, model_name: str, model_info, tags: dict):
+    """A new version of the registered model `model_name` (created if missing) for a logged model: what
+    mlflow.register_model does, through MlflowClient's own calls, which print nothing on the console."""
+    try:
+        client.create_registered_model(model_name)
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+    return client.create_model_version(model_name, model_info.model_uri, tags=tags, model_id=model_info.model_id)
+
+
 def find_version_by_tag(client: MlflowClient, model_name: str, key: str, value: str):
     """The registered version whose tag `key` equals `value`, or None."""
     try:

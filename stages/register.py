@@ -86,7 +86,7 @@ def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_
                 info = registry.log_merged_model(Path(model_dir), params.model, params.quantization)
             else:
                 info = registry.log_adapter_model(Path(model_dir), params.model, params.quantization)
-            version = mlflow.register_model(info.model_uri, reg.model_name, tags={"model_md5": model_md5})
+            version = registry.register_version(client, reg.model_name, info, {"model_md5": model_md5})
         client.update_model_version(reg.model_name, version.version,
                                     registry.describe(run_params, metrics, tags["git_commit"]))
         decision = registry.champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
