@@ -32,6 +32,7 @@ E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "rem
 SHARED_PIPELINES = ("repo", "short_runs")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items):
     """Every test is e2e (marked so, or using an E2E_FIXTURES fixture) or else unit, the fast part. An e2e test
     runs on the worker of the session pipeline it uses, or else beside the rest of its module (module fixtures)."""
