@@ -19,6 +19,9 @@ def device() -> torch.device:
 
 def load_tokenizer(path: str | Path, padding_side: str = "right", trust_remote_code: bool = False):
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    # transformers keeps the load's local_files_only (true whenever HF_HUB_OFFLINE is set) and writes it into a saved
+    # tokenizer_config.json: the adapter and the merged model would then differ between environments.
+    tokenizer.init_kwargs.pop("local_files_only", None)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side

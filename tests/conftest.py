@@ -27,8 +27,9 @@ COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_ca
 E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "remotes", "queued"}
 
 
-# Session fixtures that run a pipeline: under pytest-xdist (make test runs two workers) every test that uses one runs
-# on the same worker, so that each is built once, and in the order a single process would run them.
+# Session fixtures that run a pipeline. make test runs two pytest-xdist workers (--dist loadgroup): every test that
+# uses one runs on the same worker, so that each is built once and its tests run in the order a single process
+# would run them; the two groups come first, one per worker, since they are the longest chains of the suite.
 SHARED_PIPELINES = ("repo", "short_runs")
 
 
@@ -36,21 +37,24 @@ SHARED_PIPELINES = ("repo", "short_runs")
 def pytest_collection_modifyitems(items):
     """Every test is e2e (marked so, or using an E2E_FIXTURES fixture) or else unit, the fast part. An e2e test
     runs on the worker of the session pipeline it uses, or else beside the rest of its module (module fixtures)."""
+    def shared_pipeline(item) -> str | None:
+        defs = item._fixtureinfo.name2fixturedefs
+        return next((name for name in SHARED_PIPELINES if name in defs and defs[name][-1].scope == "session"), None)
+
     for item in items:
         if item.get_closest_marker("e2e") is None and E2E_FIXTURES.isdisjoint(item.fixturenames):
             item.add_marker(pytest.mark.unit)
             continue
         item.add_marker(pytest.mark.e2e)
-        defs = item._fixtureinfo.name2fixturedefs
-        shared = [name for name in SHARED_PIPELINES if name in defs and defs[name][-1].scope == "session"]
-        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.module.__name__))
+        item.add_marker(pytest.mark.xdist_group(shared_pipeline(item) or item.module.__name__))
+    order = {name: rank for rank, name in enumerate(SHARED_PIPELINES)}
+    items.sort(key=lambda item: order.get(shared_pipeline(item), len(order)))  # stable: each group keeps its order
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Two workers share the cores: OpenMP threads that sleep while they wait (not spin), one per process, so that
-    # neither worker's pipelines hold a core the other needs. Threads do not change what is computed.
+    # Two workers share the cores: OpenMP threads sleep while they wait instead of spinning, so that neither worker's
+    # pipelines hold a core the other needs. Waiting does not change what is computed.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def copy_repo(dest: Path) -> Path:

@@ -1,5 +1,6 @@
 """Same params and code: byte-identical outputs from two clones at different paths under different instruction-set
 settings, and the committed results are what this machine computes."""
+import os
 import subprocess
 import sys
 
@@ -59,3 +60,18 @@ def test_the_committed_results_are_what_a_fresh_clone_computes(repo):
                 for out in lock[name]["outs"]}
 
     assert md5s(run(["git", "show", f"{baseline}:dvc.lock"], repo)) == md5s((ROOT / "dvc.lock").read_text())
+
+
+def test_a_saved_tokenizer_does_not_record_offline_mode(tmp_path):
+    """HF_HUB_OFFLINE=1 (set for the tests) makes transformers load with local_files_only; the tokenizer that train and
+    merge save must not record it, or the adapter's and merged model's bytes would depend on the environment."""
+    import json
+
+    from lora_pipeline import builtin_data
+    from lora_pipeline.modeling import load_tokenizer
+    from lora_pipeline.tiny_models import tokenizer_corpus, train_tokenizer
+
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    train_tokenizer(tokenizer_corpus(builtin_data.generate(50, seed=1)), 400, "tiny-qwen2", tmp_path / "base")
+    load_tokenizer(tmp_path / "base").save_pretrained(tmp_path / "saved")
+    assert "local_files_only" not in json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())
