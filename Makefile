@@ -29,7 +29,7 @@ test: setup
 	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder tests
 
 test-fast: setup
-	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q -m unit tests
+	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q -n 2 -m unit tests
 
 lint: setup
 	$(RUN) ruff check .
