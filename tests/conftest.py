@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +25,15 @@ COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_ca
 
 
 # Fixtures that run the pipeline, a training, DVC or an MLflow model (or build on one that does): their tests are e2e.
-E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "remotes", "queued"}
+E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "remotes", "queued", "default_pipeline",
+                "pipeline_copy"}
 
 
 # Session fixtures that run a pipeline. make test runs two pytest-xdist workers (--dist loadgroup): every test that
 # uses one runs on the same worker, so that each is built once and its tests run in the order a single process
 # would run them; the two groups come first, one per worker, since they are the longest chains of the suite.
+# Next come the tests that work in a copy of the built default (default_pipeline): they need not wait for repo's
+# chain, and the worker that finishes short_runs first takes them while the other goes on with repo's.
 SHARED_PIPELINES = ("repo", "short_runs")
 
 
@@ -47,8 +51,13 @@ def pytest_collection_modifyitems(items):
             continue
         item.add_marker(pytest.mark.e2e)
         item.add_marker(pytest.mark.xdist_group(shared_pipeline(item) or item.module.__name__))
-    order = {name: rank for rank, name in enumerate(SHARED_PIPELINES)}
-    items.sort(key=lambda item: order.get(shared_pipeline(item), len(order)))  # stable: each group keeps its order
+    def rank(item) -> int:
+        group = shared_pipeline(item)
+        if group:
+            return SHARED_PIPELINES.index(group)
+        return len(SHARED_PIPELINES) + ("default_pipeline" not in item.fixturenames)
+
+    items.sort(key=rank)  # stable: each group keeps its order
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -114,16 +123,88 @@ def set_params(repo: Path, **dotted):
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-@pytest.fixture(scope="session")
-def repo(tmp_path_factory):
-    """A copy of the repository after `dvc repro` on the default (with MGSM from the shared folder)."""
-    repo = copy_repo(tmp_path_factory.mktemp("pipeline") / "repo")
+def reproduce_default(dest: Path) -> tuple[Path, str]:
+    """A copy of the repository at dest after `dvc repro` on the default (with MGSM from the shared folder),
+    committed as "baseline"; the output of dvc repro."""
+    repo = copy_repo(dest)
     if MGSM.is_dir():
         set_params(repo, **{"eval.mgsm.path": str(MGSM)})
     output = run(["dvc", "repro"], repo)
     run(["git", "add", "-A"], repo)
     run(["git", "commit", "-qm", "baseline"], repo)
     return repo, output
+
+
+class BuiltDefault:
+    """One built default pipeline for every worker of a run, in the folder they share: the first to claim it
+    builds (or publishes) it, the others wait for it. MLflow's store is left out: it records absolute paths."""
+
+    def __init__(self, tmp_path_factory):
+        base = tmp_path_factory.getbasetemp()
+        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        self.path = shared / "default-pipeline"
+        self.claimed, self.ready, self.failed = (shared / f"default-pipeline.{name}" for name in
+                                                 ("claimed", "ready", "failed"))
+
+    def claim(self) -> bool:
+        try:
+            os.close(os.open(self.claimed, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return True
+        except FileExistsError:
+            return False
+
+    @contextlib.contextmanager
+    def publishing(self, claimed: bool):
+        """A failure in the block, if this worker claimed the build, ends the others' wait with its message."""
+        try:
+            yield
+        except BaseException as error:
+            if claimed:
+                self.failed.write_text(f"{type(error).__name__}: {error}"[-6000:])
+            raise
+
+    def publish(self, repo: Path) -> None:
+        shutil.copytree(repo, self.path, ignore=shutil.ignore_patterns("cache", "mlflow.db", "mlartifacts"))
+        self.ready.touch()
+
+    def wait(self) -> Path:
+        """The published pipeline, once it is there; no time limit (a loaded machine builds slowly)."""
+        while not self.ready.exists():
+            if self.failed.exists():
+                pytest.fail(f"the default pipeline failed to build: {self.failed.read_text()}")
+            time.sleep(1)
+        return self.path
+
+
+@pytest.fixture(scope="session")
+def repo(tmp_path_factory):
+    """A copy of the repository after `dvc repro` on the default (with MGSM from the shared folder); tests run
+    experiments in it in turn. Published as default_pipeline, unless another worker's is, before any test runs."""
+    built = BuiltDefault(tmp_path_factory)
+    claimed = built.claim()
+    with built.publishing(claimed):
+        repo, output = reproduce_default(tmp_path_factory.mktemp("pipeline") / "repo")
+        if claimed:
+            built.publish(repo)
+    return repo, output
+
+
+@pytest.fixture(scope="session")
+def default_pipeline(tmp_path_factory) -> Path:
+    """The default pipeline right after `dvc repro` (no MLflow store), built once per run and never changed: tests
+    train or register in a copy of it (pipeline_copy)."""
+    built = BuiltDefault(tmp_path_factory)
+    if built.claim():
+        with built.publishing(True):
+            repo, _ = reproduce_default(tmp_path_factory.mktemp("default-pipeline") / "repo")
+            built.publish(repo)
+    return built.wait()
+
+
+@pytest.fixture
+def pipeline_copy(default_pipeline, tmp_path) -> Path:
+    """A copy of the built default pipeline at tmp_path / "repo", for one test to change."""
+    return Path(shutil.copytree(default_pipeline, tmp_path / "repo"))
 
 
 # A short run of the tiny default: few rows, a barely pretrained base, 24 training steps with a checkpoint every 4.

@@ -1,6 +1,5 @@
 """Data-parallel training through accelerate with two CPU processes (DDP over gloo)."""
 import json
-import shutil
 
 import pytest
 
@@ -9,10 +8,8 @@ from conftest import run, set_params
 pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
 
 
-def test_two_process_data_parallel_training(repo, tmp_path):
-    source, _ = repo
-    copy = tmp_path / "ddp"
-    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("cache", "mlflow.db", "mlartifacts"))
+def test_two_process_data_parallel_training(pipeline_copy):
+    copy = pipeline_copy
     set_params(copy, **{"train.accelerate_config": "cpu_ddp", "train.sft.max_steps": 6,
                         "train.sft.logging_steps": 1, "train.liger": True})
     output = run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu_ddp.yaml", "-m", "stages.train"],

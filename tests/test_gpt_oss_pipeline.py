@@ -15,7 +15,7 @@ def test_tiny_mxfp4_gpt_oss_runs_the_whole_pipeline(tmp_path):
         "model.source": "tiny-gpt-oss", "quantization.method": "mxfp4-dequantize",
         "model.attn_implementation": "eager", "model.tiny.pretrain_steps": 80, "data.builtin_rows": 800,
         "lora.target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], "lora.lora_dropout": 0.0,
-        "train.sft.max_steps": 60, "eval.prompts": 4, "eval.max_new_tokens": 96,
+        "train.sft.max_steps": 40, "eval.prompts": 2, "eval.max_new_tokens": 96,
         "register.model_name": "tiny-gpt-oss"})
     output = run(["dvc", "repro"], repo)
     assert "Running stage 'register'" in output

@@ -1,7 +1,6 @@
 """Live training metrics: rank 0 alone sends each logged step to a real MLflow server while training runs, training
 outlives the server, the figures it missed land later, and register completes the very run train opened."""
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -45,12 +44,11 @@ def wait_for_live_steps(client, train, log):
         time.sleep(0.2)
 
 
-def test_live_run_of_two_processes_outlives_the_server_and_register_completes_it(repo, tmp_path):
+def test_live_run_of_two_processes_outlives_the_server_and_register_completes_it(pipeline_copy, tmp_path):
     from mlflow import MlflowClient
 
-    live_repo, store, log = tmp_path / "repo", tmp_path / "server", tmp_path / "train.log"
+    live_repo, store, log = pipeline_copy, tmp_path / "server", tmp_path / "train.log"
     store.mkdir()
-    shutil.copytree(repo[0], live_repo, ignore=shutil.ignore_patterns("cache", "mlflow.db", "mlartifacts"))
     set_params(live_repo, **SHORT)
     port = free_port()
     uri = f"http://127.0.0.1:{port}"

@@ -1,17 +1,15 @@
 """MLflow: one run per pipeline run with provenance tags, the champion loads through pyfunc and generates,
 and the same stage against a real MLflow tracking server."""
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
 
 from conftest import edited_params, run
+from test_register_faults import free_port, start_server, stop
 
 pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
 
@@ -84,31 +82,14 @@ def test_version_describes_its_model_data_params_and_figures(repo):
     assert lines["Git commit"] == run_.data.tags["git_commit"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_register_against_a_tracking_server(repo, tmp_path):
+def test_register_against_a_tracking_server(pipeline_copy, tmp_path):
     import mlflow
 
-    repo, _ = repo
+    repo, store = pipeline_copy, tmp_path / "server"
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination",
-         str(tmp_path / "artifacts"), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = start_server(port, store)
     uri = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(120):
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.5)
-        saved = (repo / "models/registered.json").read_text()
         # tokens in the environment (the server ignores them) must reach neither the run nor any output
         secrets = {"HF_TOKEN": "hf_fakeTOKEN4tests", "MLFLOW_TRACKING_USERNAME": "alice",
                    "MLFLOW_TRACKING_PASSWORD": "fake-PASSWORD-4tests"}
@@ -118,10 +99,10 @@ def test_register_against_a_tracking_server(repo, tmp_path):
         assert registered["tracking_uri"] == uri and "champion" in registered["aliases"]
         mlflow.set_tracking_uri(uri)
         logged = mlflow.MlflowClient().get_run(registered["run_id"]).data
-        lora_r = yaml.safe_load((repo / "params.yaml").read_text())["lora"]["r"]  # earlier tests' experiments set it
-        assert logged.params["lora.r"] == str(lora_r) and logged.tags["model_md5"]
+        assert logged.params["lora.r"] == str(yaml.safe_load((repo / "params.yaml").read_text())["lora"]["r"])
+        assert logged.tags["model_md5"]
         shown = [output, json.dumps(registered), json.dumps(logged.params), json.dumps(logged.tags)]
-        stored = [path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()]  # the server's db, artifacts
+        stored = [path.read_bytes() for path in store.rglob("*") if path.is_file()]  # the server's db, artifacts
         for secret in (secrets["HF_TOKEN"], secrets["MLFLOW_TRACKING_PASSWORD"]):
             assert not any(secret in text for text in shown), secret
             assert not any(secret.encode() in data for data in stored), secret
@@ -131,9 +112,7 @@ def test_register_against_a_tracking_server(repo, tmp_path):
         out = model.predict(["<|im_start|>user\nHallo<|im_end|>\n<|im_start|>assistant\n"], params={"max_new_tokens": 4})
         assert isinstance(out.loc[0, "text"], str)
     finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
-        (repo / "models/registered.json").write_text(saved)
+        stop(server)
 
 
 def test_adapter_mode_registers_a_pyfunc_that_loads_its_base(repo, tmp_path):
