@@ -29,7 +29,7 @@ def free_port() -> int:
 
 def start_server(port: int, store: Path) -> subprocess.Popen:
     """`mlflow server` on 127.0.0.1:port over a sqlite file, returned once it accepts connections. Without MLflow's
-    job runner (seven more processes for its GenAI jobs, which nothing here uses)."""
+    job runner (eight more processes for its GenAI jobs, which nothing here uses)."""
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{store / 'server.db'}", "--artifacts-destination",
