@@ -1,4 +1,12 @@
 """What several tests build on that the pipeline itself never calls."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 from lora_pipeline.builtin_data import LANGUAGES
 from lora_pipeline.data import load_data
 from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
@@ -29,3 +37,32 @@ def load_rows(data_params) -> tuple[list[dict], dict]:
 def build_tiny_gpt_oss(out_dir, **sizes) -> None:
     """Write a randomly initialised tiny gpt-oss (see random_gpt_oss) to out_dir as an MXFP4 checkpoint."""
     save_mxfp4_checkpoint(random_gpt_oss(**sizes), out_dir)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, store: Path) -> subprocess.Popen:
+    """`mlflow server` on 127.0.0.1:port over a sqlite file, returned once it accepts connections. Without MLflow's
+    job runner (eight more processes for its GenAI jobs, which nothing here uses)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{store / 'server.db'}", "--artifacts-destination",
+         str(store / "artifacts"), "--workers", "1"], env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    while True:  # no time limit: a loaded machine starts it slowly; a server that exits fails the test
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return server
+        except OSError:
+            assert server.poll() is None, "mlflow server exited"
+            time.sleep(0.5)
+
+
+def stop(server: subprocess.Popen, sig=signal.SIGTERM) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, sig)
+    server.wait(timeout=60)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import run, run_env, set_params
-from test_register_faults import free_port, start_server, stop
+from helpers import free_port, start_server, stop
 
 STEPS = 16
 SHORT = {"train.accelerate_config": "cpu_ddp", "train.sft.max_steps": STEPS, "train.sft.logging_steps": 1,

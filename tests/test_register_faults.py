@@ -1,9 +1,7 @@
 """register against a real MLflow server that dies mid-run: a bounded one-line error, the previous output kept, and
 after a restart exactly one registration; credentials and machine paths never reach tracked files or logs."""
 import json
-import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -13,41 +11,13 @@ from pathlib import Path
 import pytest
 
 from conftest import run, run_env
+from helpers import free_port, start_server, stop
 
 pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
 
 PASSWORD = "s3cret-Pa55"
 # Few, short retries keep the test quick; the stage's own defaults bound a real outage to about 30 s.
 FAST_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int, store: Path) -> subprocess.Popen:
-    """`mlflow server` on 127.0.0.1:port over a sqlite file, returned once it accepts connections. Without MLflow's
-    job runner (eight more processes for its GenAI jobs, which nothing here uses)."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{store / 'server.db'}", "--artifacts-destination",
-         str(store / "artifacts"), "--workers", "1"], env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    while True:  # no time limit: a loaded machine starts it slowly; a server that exits fails the test
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return server
-        except OSError:
-            assert server.poll() is None, "mlflow server exited"
-            time.sleep(0.5)
-
-
-def stop(server: subprocess.Popen, sig=signal.SIGTERM) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, sig)
-    server.wait(timeout=60)
 
 
 def runs_tagged(store: Path, key: str) -> list[tuple[str, str, str]]:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import edited_params, run
-from test_register_faults import free_port, start_server, stop
+from helpers import free_port, start_server, stop
 
 pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
 

@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, run_env
+from helpers import free_port
 from lora_pipeline import builtin_data
 from lora_pipeline.registry import GENERATION_DEFAULTS, checked_generation, checked_prompts
 
@@ -102,12 +102,6 @@ def registered(tmp_path_factory):
     finally:
         mlflow.set_tracking_uri(before)
     return uri, folder
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
