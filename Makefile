@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: setup repro test test-fast lint recipe bench exps clean
+.PHONY: setup repro test test-fast lint recipe bench pipeline exps clean
 
 setup: $(VENV)/.installed
 
@@ -47,6 +47,11 @@ exps: setup
 # make bench RECIPE=qwen2-0.5b (on a GPU machine): seed baseline and ours in one go -> bench/results.jsonl
 bench:
 	bash benchmarks/bench.sh $(RECIPE)
+
+# make pipeline RECIPE=qwen2-0.5b (or gpt-oss-20b, default): the recipe's whole pipeline offline at full size, every
+# stage timed -> bench/pipeline.jsonl (benchmarks/pipeline.sh says how)
+pipeline:
+	$(RUN) bash benchmarks/pipeline.sh $(RECIPE)
 
 clean:
 	rm -rf $(VENV)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# make pipeline RECIPE=<qwen2-0.5b|gpt-oss-20b|default>: a recipe's whole pipeline offline, each stage timed.
+# In a scratch copy of this repo (PIPELINE_WORK, default /tmp/pipeline-<recipe>), with stand-ins for what only the
+# Hub serves: the recipe's model at full size, random init (gpt-oss-20b in MXFP4), a locally trained tokenizer of its
+# vocabulary size, built-in rows in the recipe's data format; MGSM from MGSM_DIR. Every stage of dvc.yaml in order,
+# through `dvc repro -s <stage>` (DVC installed) or its cmd; one JSON line per stage to PIPELINE_OUT
+# (default bench/pipeline.jsonl). Re-running with the same PIPELINE_WORK reuses the stand-ins, and DVC skips the
+# stages already done (PIPELINE_FORCE=1 runs them again).
+#   bash benchmarks/pipeline.sh gpt-oss-20b [stage ...]   only those stages
+# Env: MGSM_DIR (default ../shared/data/mgsm; none: no MGSM), PIPELINE_ACCELERATE (default single_gpu),
+# PIPELINE_SET ("key=value ..." params overrides after the recipe), PIPELINE_COMMIT, PIPELINE_TREE=head (HEAD's
+# files instead of the working tree's), PIPELINE_CMD=1 (the stages' cmd even where DVC is installed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SRC=$PWD
+RECIPE=${1:?usage: benchmarks/pipeline.sh <qwen2-0.5b|gpt-oss-20b|default> [stage ...]}
+shift
+WORK=$(mkdir -p "${PIPELINE_WORK:-/tmp/pipeline-$RECIPE}" && cd "${PIPELINE_WORK:-/tmp/pipeline-$RECIPE}" && pwd)
+OUT=$(mkdir -p "$(dirname "${PIPELINE_OUT:-bench/pipeline.jsonl}")" && cd "$(dirname "${PIPELINE_OUT:-bench/pipeline.jsonl}")" && pwd)/$(basename "${PIPELINE_OUT:-bench/pipeline.jsonl}")
+MGSM=${MGSM_DIR:-../shared/data/mgsm}
+[ "$MGSM" = none ] || MGSM=$(cd "$MGSM" 2>/dev/null && pwd || echo "$MGSM")
+COMMIT=${PIPELINE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+if [ -z "${PIPELINE_COMMIT:-}" ] && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+  COMMIT="$COMMIT+changes"  # the working tree differs from the commit
+fi
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+unset MLFLOW_TRACKING_URI DVC_ROOT DVC_EXP_NAME  # the copy's own sqlite store and DVC repo
+PY=$(command -v python || command -v python3)
+# dvc.yaml's commands call `python` and `accelerate`: shims where the machine has only python3 / the module
+mkdir -p "$WORK/bin"
+command -v python >/dev/null || ln -sf "$PY" "$WORK/bin/python"
+command -v accelerate >/dev/null || printf '#!/bin/sh\nexec %s -m accelerate.commands.accelerate_cli "$@"\n' "$PY" >"$WORK/bin/accelerate"
+chmod +x "$WORK/bin/"* 2>/dev/null || true
+export PATH="$WORK/bin:$PATH"
+
+REPO=$(PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/pipeline_setup.py copy --work "$WORK" \
+  ${PIPELINE_TREE:+--tree "$PIPELINE_TREE"})
+cd "$REPO"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # the copy's code, where the package is installed elsewhere
+SETS=()
+for s in ${PIPELINE_SET:-}; do SETS+=(--set "$s"); done
+echo "=== setup $RECIPE in $WORK ($(date +%T))"
+"$PY" benchmarks/pipeline_setup.py build "$RECIPE" --work "$WORK" --mgsm "$MGSM" \
+  ${PIPELINE_ACCELERATE:+--accelerate "$PIPELINE_ACCELERATE"} "${SETS[@]}"
+# exec: a SIGTERM (timeout) reaches the recorder, which stops the stage and records it
+exec "$PY" benchmarks/pipeline_record.py "$RECIPE" "$@" --repo "$REPO" --out "$OUT" --commit "$COMMIT" \
+  ${PIPELINE_FORCE:+--force} ${PIPELINE_CMD:+--cmd}
