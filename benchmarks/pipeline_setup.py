@@ -41,10 +41,10 @@ class SetupError(RuntimeError):
     """A stand-in or the params cannot be built; the message names the file or key and the way on."""
 
 
-def copy_repo(source: Path, dest: Path, tree: str = "worktree") -> None:
+def copy_repo(source: Path, dest: Path, tree: str = "worktree", exclude: Path | None = None) -> None:
     """The project's files into dest (outputs already there are kept): the working tree's tracked and untracked,
     not ignored files (`git ls-files`), HEAD's files (tree="head"), or, without git, all but COPY_IGNORE, DVC's
-    cache and outputs. Nothing under dest itself is copied, nor an earlier run's stand-in data."""
+    cache and outputs. Nothing under `exclude` (default: dest) is copied, nor an earlier run's stand-in data."""
     dest.mkdir(parents=True, exist_ok=True)
     git = shutil.which("git") and (source / ".git").exists()
     if tree == "head":
@@ -55,7 +55,7 @@ def copy_repo(source: Path, dest: Path, tree: str = "worktree") -> None:
         return
 
     def wanted(path: Path) -> bool:
-        return not (path.is_relative_to(dest)
+        return not (path.is_relative_to(exclude or dest)
                     or path.parent == source / "data" and path.name != "local" and path.is_dir()
                     or path.parent == source / "data" / "local" and path.name.startswith("pipeline-")
                     or path.parent == source / ".dvc" and path.name in ("cache", "tmp", "config.local"))
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work.resolve()
     try:
         if args.command == "copy":
-            copy_repo(ROOT, work / "repo", args.tree)
+            copy_repo(ROOT, work / "repo", args.tree, exclude=work)
             print(work / "repo")
         else:
             setup(args.recipe, work, ROOT, args.mgsm, args.accelerate, args.tiny, args.rows, args.set)

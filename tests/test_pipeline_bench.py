@@ -121,7 +121,9 @@ def test_copy_without_git_leaves_outputs_and_itself_out(tmp_path):
                  ".dvc/config", ".dvc/cache/ab", "data/local/pipeline-qwen2-0.5b.jsonl"):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_text("x")
-    setup.copy_repo(source, source / "work" / "repo")
+    (source / "work" / "model").mkdir(parents=True)
+    (source / "work" / "model" / "config.json").write_text("{}")
+    setup.copy_repo(source, source / "work" / "repo", exclude=source / "work")
     copied = sorted(str(p.relative_to(source / "work" / "repo"))
                     for p in (source / "work" / "repo").rglob("*") if p.is_file())
     assert copied == [".dvc/config", "data/local/x.jsonl", "dvc.yaml", "stages/a.py"]
