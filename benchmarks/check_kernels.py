@@ -1,12 +1,15 @@
 """GPU check of every kernel swap the speed levers make, against the stock path, on small models of the real
 architectures (random init, fresh random inputs each run).
 
-    python benchmarks/check_kernels.py --out kernel_checks.json
+    python benchmarks/check_kernels.py --out kernel_checks.json [--only generation ...]
 Checks, each as max |logit diff| and |loss diff| against a float32 eager reference and against the bf16 stock path:
   - gpt-oss attention: flex_attention (sinks renormalised by the log-sum-exp) vs eager;
   - gpt-oss experts: grouped_mm vs the eager per-expert loop;
   - Liger (RMSNorm, RoPE, fused linear cross-entropy) vs stock, loss and LoRA gradients;
-  - padding-free (rows concatenated, position_ids) vs padded rows: the same per-token loss.
+  - padding-free (rows concatenated, position_ids) vs padded rows: the same per-token loss;
+  - generation: the implementations evaluate decodes with (lora_pipeline.generation.use_for_generation, from a model
+    loaded as the recipes train it), greedy with a KV cache after left-padded prompts; each step's logits against
+    a float32 forward over the same tokens with eager attention and the eager experts loop.
 bf16 tolerance: a swap passes when its error against the float32 reference is at most 2x the stock bf16 path's
 own error plus 1e-2 (bf16 keeps 8 bits of mantissa: ~4e-3 relative per rounding).
 """
@@ -42,10 +45,12 @@ def small_qwen2():
 
 
 def set_impl(model, attn=None, experts=None):
+    from lora_pipeline.modeling import set_experts_implementation
+
     if attn:
         model.set_attn_implementation(attn)
     if experts:
-        model.set_experts_implementation(experts)
+        set_experts_implementation(model, experts)
     return model
 
 
@@ -135,12 +140,67 @@ def check_padding_free(rows):
                      "tolerance": 1e-4, "pass": bool(abs(flat_loss - padded_loss).item() <= 1e-4)})
 
 
+def generated_logits(model, ids, mask, new_tokens):
+    """Greedy generation after left-padded prompts: the sequences and each step's logits [batch, steps, vocab]."""
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                         do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    return out.sequences, torch.stack(out.logits, 1).float()
+
+
+def forward_logits(reference, sequences, mask, new_tokens):
+    """A float32 forward over whole sequences (prompt + generated), at the positions that predicted each new token."""
+    full_mask = torch.cat([mask, torch.ones_like(sequences[:, mask.shape[1]:])], 1)
+    positions = (full_mask.cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded rows
+    logits = reference(input_ids=sequences, attention_mask=full_mask, position_ids=positions).logits.float()
+    return logits[:, mask.shape[1] - 1:-1]
+
+
+@torch.no_grad()
+def check_generation(rows):
+    from lora_pipeline.generation import use_for_generation
+
+    new_tokens = 32
+    for name, build, vocab in (("gpt-oss", small_gpt_oss, 4096), ("qwen2", small_qwen2, 8192)):
+        lengths = [37, 64, 90, 120]
+        ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long, device="cuda")
+        mask = torch.zeros_like(ids)
+        for i, n in enumerate(lengths):  # left padding, as evaluate pads
+            ids[i, -n:], mask[i, -n:] = torch.randint(3, vocab, (n,), device="cuda"), 1
+        base = build()
+        base.config.use_cache = True
+        loop, grouped = ("eager", "grouped_mm") if name == "gpt-oss" else (None, None)
+        reference = set_impl(copy.deepcopy(base), "eager", loop).to("cuda")
+        stock = set_impl(copy.deepcopy(base), "eager", loop).to("cuda", torch.bfloat16)
+        candidate = set_impl(copy.deepcopy(base), "flex_attention", grouped)
+        candidate = candidate.to("cuda", torch.bfloat16)
+        chosen = use_for_generation(candidate)
+        stock_seq, stock_logits = generated_logits(stock, ids, mask, new_tokens)
+        cand_seq, cand_logits = generated_logits(candidate, ids, mask, new_tokens)
+        stock_err = (stock_logits - forward_logits(reference, stock_seq, mask, new_tokens)).abs().max().item()
+        cand_ref = forward_logits(reference, cand_seq, mask, new_tokens)
+        cand_err = (cand_logits - cand_ref).abs().max().item()
+        row = {"check": f"{name} generation: {chosen['attention']} attention, {chosen['experts']} experts, KV cache "
+                        f"vs a float32 eager forward", "implementations": chosen,
+               "stock_bf16_eager_generate_max_abs_logit": stock_err, "swap_bf16_generate_max_abs_logit": cand_err,
+               "swap_rel_logit": ((cand_logits - cand_ref).norm() / cand_ref.norm()).item(),
+               "tokens_same_as_stock": (cand_seq == stock_seq).float().mean().item(),
+               "tolerance": 2 * stock_err + 1e-2}
+        row["pass"] = bool(cand_err <= row["tolerance"])
+        rows.append(row)
+
+
+CHECKS = {"generation": check_generation, "gpt-oss": check_gpt_oss, "liger": check_liger,
+          "padding-free": check_padding_free}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results here as JSON")
+    parser.add_argument("--only", nargs="+", choices=sorted(CHECKS), help="run these checks alone")
     args = parser.parse_args()
     rows = []
-    for check in (check_gpt_oss, check_liger, check_padding_free):
+    for name in args.only or CHECKS:
+        check = CHECKS[name]
         try:
             check(rows)
         except Exception as exc:  # one failing check must not hide the others

@@ -12,7 +12,7 @@ from lora_pipeline.base_model import check_base_model, check_quantization, check
 from lora_pipeline.cache import cached
 from lora_pipeline.data import check_data, check_split
 from lora_pipeline.formats import check_format
-from lora_pipeline.launch import check_machine, distributed_type
+from lora_pipeline.launch import check_eval_launch, check_machine, distributed_type
 from lora_pipeline.metrics import check_eval, check_gate_metric, check_register
 from lora_pipeline.modeling import check_model
 from lora_pipeline.params import ROOT, Params, ParamsError, for_stage, validate
@@ -39,6 +39,7 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
         lambda: check_quantization(view.model, view.quantization, view.train, distributed_type(view.train, root), root),
         lambda: check_save_format(view.model, view.merge, root),
         lambda: check_eval(view.eval),
+        lambda: check_eval_launch(view.eval, root),
         lambda: check_register(view.register),
         lambda: check_gate_metric(view.register, view.eval),
     ]

@@ -45,7 +45,7 @@ def usable_gpus(config: dict) -> tuple[int, str]:
     return usable, f"{usable} of the GPUs its gpu_ids lists ({ids}) ({present} in all)"
 
 
-def gpu_count_problem(train, config: dict) -> str | None:
+def gpu_count_problem(train, config: dict, key: str = "train.accelerate_config") -> str | None:
     """Why the config starts more GPU processes on this machine than it has GPUs, or None. A config with use_cpu:
     true (accelerate's own key) runs CPU processes: with distributed_type MULTI_GPU, accelerate launch still starts
     num_processes of them (its multi-GPU launcher; `--cpu` would start one) and the train stage makes them one group
@@ -59,7 +59,7 @@ def gpu_count_problem(train, config: dict) -> str | None:
     counted = f"num_processes {config.get('num_processes', 1)}"
     counted += f" / num_machines {machines}" if machines > 1 else ""
     smaller = f"a copy with num_processes at most {gpus} per machine, or " if gpus else ""
-    return (f"train.accelerate_config: {train.accelerate_config} starts {here} process{'es' * (here != 1)} on this "
+    return (f"{key}: {train.accelerate_config} starts {here} process{'es' * (here != 1)} on this "
             f"machine ({counted}), one per GPU, but this machine has {have}; allowed here: {smaller}a config with "
             "use_cpu: true (cpu, cpu_ddp)")
 
@@ -94,3 +94,15 @@ def check_machine(model, train, root: Path = ROOT) -> None:
                         "machine lacks; allowed here: eager, sdpa, flex_attention")
     if problems:
         raise ValueError("\n".join(problems))
+
+
+def check_eval_launch(ev, root: Path = ROOT) -> None:
+    """The evaluation stages run one whole model per process (each takes its share of the prompts): an accelerate
+    config that shards the model does not fit them, nor one with more GPU processes than this machine has GPUs."""
+    config = accelerate_config(ev, root)
+    if config.get("distributed_type") in SHARDED:
+        raise ValueError(f"eval.accelerate_config: {ev.accelerate_config} ({config['distributed_type']}) shards the "
+                         "model over processes, but each evaluation process holds a whole model; allowed: cpu, "
+                         "cpu_ddp, single_gpu, multi_gpu, multi_gpu_2")
+    if problem := gpu_count_problem(ev, config, "eval.accelerate_config"):
+        raise ValueError(problem)

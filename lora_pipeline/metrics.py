@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from lora_pipeline.distributed import gather, process_group
 from lora_pipeline.languages import LANGUAGE_NAMES
 
 _identifier = None
@@ -88,53 +89,44 @@ def assistant_mask(tokenizer, messages: list[dict], max_length: int) -> tuple[li
     return ids, mask
 
 
+# Logits held at once while computing the held-out loss (rows x positions x vocabulary): a 201k vocabulary makes a
+# whole batch of 2,048-token rows tens of GiB in float32.
+LOGITS_AT_ONCE = 2**28
+
+
 @torch.no_grad()
 def heldout_loss(model, tokenizer, conversations: list[list[dict]], max_length: int, batch_size: int) -> dict:
-    """Mean next-token loss over the assistant tokens of held-out conversations, and its perplexity."""
-    total, count = 0.0, 0
+    """Mean next-token loss over the assistant tokens of held-out conversations, and its perplexity. The LM head runs
+    on as many rows at a time as LOGITS_AT_ONCE allows; in a launch of several processes each takes every n-th batch
+    and the sums are added in batch order, as one process adds them."""
+    rank, world = process_group()
     encoded = [assistant_mask(tokenizer, c, max_length) for c in conversations]
-    for start in range(0, len(encoded), batch_size):
+    sums = []
+    for start in list(range(0, len(encoded), batch_size))[rank::world]:
         chunk = encoded[start:start + batch_size]
         width = max(len(ids) for ids, _ in chunk)
         pad = tokenizer.pad_token_id
         ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in chunk], device=model.device)
         attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in chunk], device=model.device)
         labels_mask = torch.tensor([m + [0] * (width - len(m)) for _, m in chunk], device=model.device)
-        logits = model(input_ids=ids, attention_mask=attention).logits.float()
-        losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
         keep = labels_mask[:, 1:].bool() & attention[:, 1:].bool()
-        total += losses[keep].sum().item()
-        count += keep.sum().item()
+        rows_at_once = max(1, LOGITS_AT_ONCE // (width * model.config.vocab_size))
+        total, count = 0.0, 0
+        for row in range(0, len(chunk), rows_at_once):
+            rows = slice(row, row + rows_at_once)
+            logits = model.get_output_embeddings()(hidden[rows]).float()
+            losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[rows, 1:],
+                                                       reduction="none")
+            total += losses[keep[rows]].sum().item()
+            count += keep[rows].sum().item()
+        sums.append((start, total, count))
+    total, count = 0.0, 0
+    for _, batch_total, batch_count in sorted(gather(sums)):
+        total += batch_total
+        count += batch_count
     loss = total / max(count, 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": count}
-
-
-def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int,
-             do_sample: bool = False) -> list[str]:
-    """Batched generation (left padding) of the assistant turn; returns the new text, special tokens kept."""
-    prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
-    return generate_from_prompts(model, tokenizer, prompts, max_new_tokens, batch_size, do_sample=do_sample)
-
-
-@torch.no_grad()
-def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
-                          **sampling) -> list[str]:
-    """Batched generation (left padding) after prompts already rendered with the chat template; returns the new
-    text, special tokens kept. `sampling`: do_sample, temperature, top_p (greedy unless do_sample)."""
-    tokenizer.padding_side = "left"
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
-    outputs = [""] * len(prompts)
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        batch = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
-                          add_special_tokens=False).to(model.device)
-        out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                             **sampling)
-        for i, row in zip(idx, out[:, batch["input_ids"].shape[1]:]):
-            text = tokenizer.decode(row, skip_special_tokens=False)
-            outputs[i] = text.replace(tokenizer.pad_token, "") if tokenizer.pad_token else text
-    tokenizer.padding_side = "right"
-    return outputs
 
 
 def compare_logits(reference: torch.Tensor, other: torch.Tensor, mask: torch.Tensor | None = None) -> dict:

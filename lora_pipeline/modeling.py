@@ -121,8 +121,6 @@ def load_model(path: str | Path, model_params, quantization=None, revision: str 
                     "; ".join(chosen["notes"]))
     load_kwargs = dict(dtype=DTYPES[model_params.dtype], attn_implementation=chosen["attention"],
                        trust_remote_code=model_params.trust_remote_code, use_safetensors=True)
-    if chosen["experts"] != "eager":  # only MoE models take it
-        load_kwargs["experts_implementation"] = chosen["experts"]
     load_kwargs["quantization_config"] = quantization_config(quantization, model_params.dtype)
     if quantization.method in BITSANDBYTES:
         load_kwargs["device_map"] = {"": device()}  # bitsandbytes quantizes on the device the model runs on
@@ -132,7 +130,31 @@ def load_model(path: str | Path, model_params, quantization=None, revision: str 
     model = AutoModelForCausalLM.from_pretrained(path, revision=revision, **load_kwargs)
     if quantization.method == "mxfp4-dequantize" and getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)  # plain 16-bit weights: trained and saved as such
+    set_experts_implementation(model, chosen["experts"])
     return model
+
+
+def experts_modules(model) -> list[torch.nn.Module]:
+    """The MoE experts modules whose forward transformers dispatches by config._experts_implementation."""
+    return [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "config")]
+
+
+def set_experts_implementation(model, implementation: str) -> None:
+    """Run `implementation` in every experts module. transformers picks grouped_mm when none is asked for, so eager
+    has to be set, not left as the default; each experts module's own config is set too, since a module may hold a
+    config object other than the model's."""
+    modules = experts_modules(model)
+    if not modules:
+        return
+    model.set_experts_implementation(implementation)
+    for module in modules:
+        module.config._experts_implementation = implementation
+
+
+def experts_implementation(model) -> str | None:
+    """The experts implementation the model's experts modules run (None: not a MoE model)."""
+    running = sorted({m.config._experts_implementation for m in experts_modules(model)})
+    return ",".join(running) if running else None
 
 
 def training_device_map():

@@ -9,10 +9,10 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, \
-    model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, \
+    field_validator, model_validator
 
 from lora_pipeline.dvcfiles import ROOT, declared_params, is_declared, locked_params, read_yaml
 
@@ -182,23 +182,26 @@ class Sft(_Section):
         return value
 
 
+def accelerate_config_name(name: str) -> str:
+    """An accelerate config's name: a file configs/accelerate/<name>.yaml."""
+    folder = ROOT / "configs" / "accelerate"
+    known = sorted(p.stem for p in folder.glob("*.yaml"))
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):  # a name, so that it cannot point outside the folder
+        raise ValueError(f"a config name (letters, digits, _ and - only), not a path; known: {known}")
+    path = folder / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"no file {path.relative_to(ROOT)}; known: {known}")
+    return name
+
+
+AccelerateConfig = Annotated[str, AfterValidator(accelerate_config_name)]
+
+
 class Train(_Section):
-    accelerate_config: str
+    accelerate_config: AccelerateConfig
     liger: bool
     checkpoint_steps: int = Field(ge=0)
     sft: Sft
-
-    @field_validator("accelerate_config")
-    @classmethod
-    def _config_exists(cls, name):
-        folder = ROOT / "configs" / "accelerate"
-        known = sorted(p.stem for p in folder.glob("*.yaml"))
-        if not re.fullmatch(r"[A-Za-z0-9_-]+", name):  # a name, so that it cannot point outside the folder
-            raise ValueError(f"a config name (letters, digits, _ and - only), not a path; known: {known}")
-        path = folder / f"{name}.yaml"
-        if not path.is_file():
-            raise ValueError(f"no file {path.relative_to(ROOT)}; known: {known}")
-        return name
 
 
 class Lora(_Section):
@@ -241,6 +244,7 @@ class Mgsm(_Section):
 
 
 class Eval(_Section):
+    accelerate_config: AccelerateConfig
     languages: list[str]
     prompts: int = Field(ge=1)
     max_new_tokens: int = Field(ge=1)

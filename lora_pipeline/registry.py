@@ -230,7 +230,7 @@ class ChatModel(mlflow.pyfunc.PythonModel):
     # The DataFrame hint (the signature turns a list of prompts into one) also spares MLflow's type-hint warning.
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         from lora_pipeline.chat import split_reasoning
-        from lora_pipeline.metrics import generate_from_prompts
+        from lora_pipeline.generation import generate_from_prompts
 
         prompts = checked_prompts(model_input.iloc[:, 0])
         options = checked_generation(params)

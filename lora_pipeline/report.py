@@ -5,20 +5,17 @@ import csv
 import io
 from pathlib import Path
 
-from lora_pipeline.outputs import replace_dir, staging_dir, write_text
+from lora_pipeline.outputs import write_text
 
 
-def write_compliance(results: dict, folder: Path) -> None:
-    """One CSV per evaluated model (<folder>/<model>.csv: language, compliance), so `dvc plots` tells base and
-    fine-tuned apart; the folder is replaced whole, so no file of a model no longer evaluated stays behind."""
-    staged = staging_dir(folder)
-    for name, metrics in results.items():
-        text = io.StringIO()
-        writer = csv.writer(text, lineterminator="\n")
-        writer.writerow(["language", "compliance"])
-        writer.writerows(metrics["compliance"].items())
-        write_text(staged / f"{name}.csv", text.getvalue())
-    replace_dir(staged, folder)
+def write_compliance(compliance: dict, path: Path) -> None:
+    """One model's compliance per language as a CSV (language, compliance) for `dvc plots`, one file per model
+    (plots/compliance/<model>.csv) so the plots tell base and fine-tuned apart; a header alone if not evaluated."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["language", "compliance"])
+    writer.writerows(compliance.items())
+    write_text(path, text.getvalue())
 
 
 def _loss(ax, loss_log: Path) -> None:

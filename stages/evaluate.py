@@ -1,27 +1,43 @@
-"""evaluate: held-out loss, reasoning-language compliance, answer accuracy (built-in set, MGSM) and the demo.
+"""evaluate and evaluate_base: held-out loss, reasoning-language compliance, answer accuracy (built-in set, MGSM) and
+the demo, for one model.
 
-    python -m stages.evaluate
-Evaluates models/merged and, with eval.include_base, models/base too (the "before" figures, under "base").
+    accelerate launch --config_file configs/accelerate/<eval.accelerate_config>.yaml -m stages.evaluate [base]
+finetuned (the default; dvc stage evaluate): models/merged -> metrics/eval.json, with the base's figures from
+metrics/eval_base.json under "base", the demo and the report. base (dvc stage evaluate_base): models/base as it is
+trained (the quantization params) -> metrics/eval_base.json; it runs again only when the base or the eval params
+change, not for every new adapter. Several processes split the batches; rank 0 writes.
 """
 import json
+import sys
+import time
 from pathlib import Path
 
 import torch
 
 from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.data import read_jsonl, write_jsonl
+from lora_pipeline.distributed import process_group
+from lora_pipeline.generation import generate, use_for_generation
 from lora_pipeline.languages import LANGUAGE_NAMES
-from lora_pipeline.metrics import answer_correct, check_eval, detect_language, generate, heldout_loss, read_mgsm
-from lora_pipeline.modeling import device, load_model, load_tokenizer
+from lora_pipeline.metrics import answer_correct, check_eval, detect_language, heldout_loss, read_mgsm
+from lora_pipeline.modeling import experts_implementation, load_model, load_tokenizer
 from lora_pipeline.outputs import write_json, write_text
 from lora_pipeline.params import load_params
 from lora_pipeline.report import plot_report, write_compliance
 
-BASE, MERGED, TEST = Path("models/base"), Path("models/merged"), Path("data/split/test.jsonl")
-METRICS, COMPLIANCE, LOSS_LOG = Path("metrics/eval.json"), Path("plots/compliance"), Path("plots/train_loss.csv")
-REPORTS = Path("reports")
+TEST, LOSS_LOG, REPORTS = Path("data/split/test.jsonl"), Path("plots/train_loss.csv"), Path("reports")
+# What each model's evaluation reads and writes.
+MODELS = {
+    "finetuned": {"stage": "evaluate", "model": Path("models/merged"), "metrics": Path("metrics/eval.json"),
+                  "generations": REPORTS / "generations.jsonl", "compliance": Path("plots/compliance/finetuned.csv"),
+                  "speed": Path("logs/evaluate.json")},
+    "base": {"stage": "evaluate_base", "model": Path("models/base"), "metrics": Path("metrics/eval_base.json"),
+             "generations": REPORTS / "generations_base.jsonl", "compliance": Path("plots/compliance/base.csv"),
+             "speed": Path("logs/evaluate_base.json")},
+}
 DEMO = [{"role": "system", "content": "reasoning language: German"},
         {"role": "user", "content": "¿Cuál es el capital de Australia?"}]
+
 
 def user_question(row):
     return next(m["content"] for m in row["messages"] if m["role"] == "user")
@@ -29,14 +45,24 @@ def user_question(row):
 
 def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     """Every measure for one model (the `eval` params `ev`; held-out conversations for the loss, test rows to ask);
-    returns (metrics, generation records)."""
-    gen = dict(max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size, do_sample=ev.do_sample)
+    returns (metrics, generation records, timings and the implementations that ran)."""
+    started = time.perf_counter()
     metrics = {"test": heldout_loss(model, tokenizer, heldout, max_length=2048, batch_size=ev.batch_size)}
+    timings = {"loss_seconds": time.perf_counter() - started, "loss_attention": model.config._attn_implementation,
+               "loss_experts": experts_implementation(model), "generation_implementations": use_for_generation(model)}
 
-    # Each held-out question asked once per reasoning language.
+    # Every prompt in one list, generated in length-sorted batches: each held-out question once per reasoning
+    # language, MGSM with reasoning asked in the question's own language, and the demo.
     cases = [(row, lang) for row in questions for lang in ev.languages]
-    outputs = generate(model, tokenizer, [prompt_messages(user_question(r), LANGUAGE_NAMES[lang], r.get("developer", ""))
-                                          for r, lang in cases], **gen)
+    mgsm = {lang: read_mgsm(ev.mgsm.path, lang, ev.mgsm.limit) for lang in ev.mgsm.languages} if ev.mgsm.path else {}
+    conversations = [prompt_messages(user_question(r), LANGUAGE_NAMES[lang], r.get("developer", "")) for r, lang in cases]
+    conversations += [prompt_messages(r["question"], LANGUAGE_NAMES[lang]) for lang, rows in mgsm.items() for r in rows]
+    conversations.append(DEMO)
+    stats = {}
+    outputs = iter(generate(model, tokenizer, conversations, ev.max_new_tokens, ev.batch_size, ev.do_sample, stats))
+    timings["generation"] = stats | {"new_tokens_per_s": stats.get("new_tokens", 0) / max(stats.get("seconds", 0), 1e-9),
+                                     "ms_per_step": 1000 * stats.get("seconds", 0) / max(stats.get("decode_steps", 0), 1)}
+
     records = []
     for (row, lang), text in zip(cases, outputs):
         reasoning, final = split_reasoning(text)
@@ -58,11 +84,10 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     if with_answer:
         metrics["accuracy"] = {"builtin": sum(r["correct"] for r in with_answer) / len(with_answer)}
 
-    if ev.mgsm.path:  # reasoning asked in the question's own language
+    if mgsm:
         per_lang = {}
-        for lang in ev.mgsm.languages:
-            rows = read_mgsm(ev.mgsm.path, lang, ev.mgsm.limit)
-            texts = generate(model, tokenizer, [prompt_messages(r["question"], LANGUAGE_NAMES[lang]) for r in rows], **gen)
+        for lang, rows in mgsm.items():
+            texts = [next(outputs) for _ in rows]
             correct = [answer_correct(split_reasoning(t)[1], r["answer"]) for r, t in zip(rows, texts)]
             per_lang[lang] = sum(correct) / len(correct)
             records += [{"set": f"mgsm_{lang}", "question": r["question"], "answer": r["answer"], "generated": t,
@@ -70,37 +95,56 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
         per_lang["overall"] = sum(per_lang.values()) / len(per_lang)
         metrics.setdefault("accuracy", {})["mgsm"] = per_lang
 
-    demo = generate(model, tokenizer, [DEMO], **gen)[0]
+    demo = next(outputs)
     metrics["demo_reasoning_is_german"] = int(detect_language(split_reasoning(demo)[0]) == "de")
     records.append({"set": "demo", "generated": demo})
-    return metrics, records
+    return metrics, records, timings
 
 
 def main():
-    params = load_params("evaluate")
+    name = sys.argv[1] if len(sys.argv) > 1 else "finetuned"
+    if name not in MODELS:
+        raise SystemExit(f"usage: python -m stages.evaluate [base]; got {name!r}")
+    paths = MODELS[name]
+    params = load_params(paths["stage"])
     ev = params.eval
     check_eval(ev)  # every input, before loading a model
-    test_rows = read_jsonl(TEST)
-    heldout = [conversation(r) for r in test_rows[: ev.loss_rows or None]]
-    questions = [r for r in test_rows if any(m["role"] == "user" for m in r["messages"])][: ev.prompts]
-    models = {"finetuned": MERGED} | ({"base": BASE} if ev.include_base else {})
-    results, transcripts = {}, []
-    for name, path in models.items():
-        tokenizer = load_tokenizer(path, trust_remote_code=params.model.trust_remote_code)
+    from accelerate import PartialState
+
+    state = PartialState()  # under accelerate launch with several processes: joins their group
+    metrics, records, speed = {}, [], {}
+    if name == "finetuned" or ev.include_base:
+        test_rows = read_jsonl(TEST)
+        heldout = [conversation(r) for r in test_rows[: ev.loss_rows or None]]
+        questions = [r for r in test_rows if any(m["role"] == "user" for m in r["messages"])][: ev.prompts]
+        started = time.perf_counter()
+        tokenizer = load_tokenizer(paths["model"], trust_remote_code=params.model.trust_remote_code)
         # The base as it was trained (quantization params); the merged model in full precision, as saved.
-        model = load_model(path, params.model, params.quantization if name == "base" else None).to(device()).eval()
+        quantization = params.quantization if name == "base" else None
+        model = load_model(paths["model"], params.model, quantization, device_map={"": state.device}).eval()
+        speed["load_seconds"] = time.perf_counter() - started
         torch.manual_seed(0)
-        metrics, records = evaluate(model, tokenizer, ev, heldout, questions)
-        results[name] = metrics
+        metrics, records, speed["timings"] = evaluate(model, tokenizer, ev, heldout, questions)
+        speed["implementations"] = {"loss": {"attention": speed["timings"].pop("loss_attention"),
+                                             "experts": speed["timings"].pop("loss_experts")},
+                                    "generation": speed["timings"].pop("generation_implementations")}
         for record in records:
             record["model"] = name
-        transcripts += records
-        del model
+    if state.process_index != 0:
+        return
+    speed |= {"model": name, "processes": process_group()[1], "device": str(state.device),
+              "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
+    write_json(paths["speed"], speed)
+    write_compliance(metrics.get("compliance", {}), paths["compliance"])
+    write_jsonl(records, paths["generations"])
+    if name == "base":
+        write_json(paths["metrics"], metrics)  # {} with eval.include_base false
+        print(json.dumps({"metrics": metrics, "speed": speed}, indent=2))
+        return
 
-    metrics = results["finetuned"] | ({"base": results["base"]} if "base" in results else {})
-    write_json(METRICS, metrics)
-    write_compliance(results, COMPLIANCE)
-    write_jsonl(transcripts, REPORTS / "generations.jsonl")
+    base = json.loads(MODELS["base"]["metrics"].read_text())
+    write_json(paths["metrics"], metrics | ({"base": base} if base else {}))
+    transcripts = records + read_jsonl(MODELS["base"]["generations"])
     demo_lines = []
     for record in (r for r in transcripts if r["set"] == "demo"):
         reasoning, final = split_reasoning(record["generated"])
@@ -108,8 +152,8 @@ def main():
                        "user: ¿Cuál es el capital de Australia?", f"reasoning ({detect_language(reasoning)}): {reasoning}",
                        f"final ({detect_language(final)}): {final}", f"raw: {record['generated']}", ""]
     write_text(REPORTS / "demo.txt", "\n".join(demo_lines))
-    plot_report(LOSS_LOG, results, REPORTS)
-    print(json.dumps(metrics, indent=2))
+    plot_report(LOSS_LOG, {"finetuned": metrics} | ({"base": base} if base else {}), REPORTS)
+    print(json.dumps({"metrics": metrics, "speed": speed}, indent=2))
 
 
 if __name__ == "__main__":

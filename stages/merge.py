@@ -38,7 +38,8 @@ def main():
     if not (ADAPTER / "adapter_model.safetensors").is_file():  # peft would fall back to a pickled adapter_model.bin
         sys.exit(f"merge: {ADAPTER}/adapter_model.safetensors not found; adapters are loaded from safetensors only")
     tokenizer = load_tokenizer(BASE, trust_remote_code=params.model.trust_remote_code)
-    model = PeftModel.from_pretrained(load_model(BASE, params.model), ADAPTER).eval()
+    # Loaded onto the GPU, where there is one: an MXFP4 base is dequantized there too.
+    model = PeftModel.from_pretrained(load_model(BASE, params.model, device_map={"": device()}), ADAPTER).eval()
     experts_trained = bool(model.peft_config["default"].target_parameters)
 
     texts = [tokenizer.apply_chat_template(conversation(row), tokenize=False) for row in read_jsonl(TEST)[:4]]

@@ -24,3 +24,16 @@ def test_two_process_data_parallel_training(pipeline_copy):
     info = json.loads((copy / "models/adapter/training_info.json").read_text())
     assert info["implementations"]["liger"] == {"applied": False, "reason": "Liger kernels need a CUDA GPU; none is present", "kernels": []}
     assert "Liger requested but not applied" in output and metrics["liger_applied"] == 0
+
+
+def test_two_process_evaluation_writes_what_one_process_wrote(pipeline_copy):
+    """evaluate launched with cpu_ddp: each process decodes every other batch (the default's 51 prompts make three
+    batches) and its share of the held-out loss; rank 0 gathers them and writes the single process's results."""
+    copy = pipeline_copy
+    outputs = ["metrics/eval.json", "reports/generations.jsonl", "plots/compliance/finetuned.csv"]
+    one_process = {path: (copy / path).read_text() for path in outputs}
+    set_params(copy, **{"eval.accelerate_config": "cpu_ddp"})
+    output = run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu_ddp.yaml", "-m", "stages.evaluate"],
+                 copy)
+    assert json.loads((copy / "logs/evaluate.json").read_text())["processes"] == 2, output[-3000:]
+    assert {path: (copy / path).read_text() for path in outputs} == one_process

@@ -10,7 +10,7 @@ from conftest import MGSM, edited_params, run, run_env
 
 pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
 
-STAGES = ["validate", "fetch", "split", "train", "merge", "evaluate", "register"]
+STAGES = ["validate", "fetch", "split", "train", "merge", "evaluate_base", "evaluate", "register"]
 
 
 def ran_stages(output: str) -> list[str]:
@@ -85,7 +85,8 @@ def test_experiment_reruns_only_what_lora_r_affects(repo):
     output = run(["dvc", "exp", "run", "-S", "lora.r=16", "-S", "train.sft.max_steps=20", "-n", "r16"], repo)
     # validate checks every params change first; of the pipeline's work, only what lora.r affects re-runs
     assert ran_stages(output) == ["validate", "train", "merge", "evaluate", "register"]
-    assert "Stage 'fetch' didn't change, skipping" in output and "Stage 'split' didn't change, skipping" in output
+    for skipped in ("fetch", "split", "evaluate_base"):  # the base is evaluated once, not per adapter
+        assert f"Stage '{skipped}' didn't change, skipping" in output
     registered = json.loads((repo / "models/registered.json").read_text())
     assert registered["version"] == 2 and "candidate" in registered["aliases"]
     # @champion moves to v2 only if its gate metric (compliance) beats v1's
@@ -126,8 +127,8 @@ def test_curated_view_lines_up_the_experiments_in_120_columns(repo):
     ("train.sft.gradient_checkpointing", True, []),
     ("train.sft.per_device_train_batch_size", 8, []),
     ("train.sft.max_grad_norm", 0.5, []),  # any SFTConfig field, not only those params.yaml lists
-    ("model.attn_implementation", "flex_attention", ["evaluate", "merge"]),
-    ("model.experts_implementation", "grouped_mm", ["evaluate", "merge"]),
+    ("model.attn_implementation", "flex_attention", ["evaluate", "evaluate_base", "merge"]),
+    ("model.experts_implementation", "grouped_mm", ["evaluate", "evaluate_base", "merge"]),
 ])
 def test_speed_levers_touch_train_onward_and_nothing_before(repo, lever, value, also):
     repo, _ = repo
@@ -135,7 +136,7 @@ def test_speed_levers_touch_train_onward_and_nothing_before(repo, lever, value, 
         status = json.loads(run(["dvc", "status", "--json"], repo))
     assert "train" in status and "fetch" not in status and "split" not in status, status
     # merge and evaluate re-run once train's outputs change; before that only a change of their own params shows
-    assert sorted(set(status) & {"merge", "evaluate"}) == also, status
+    assert sorted(set(status) & {"merge", "evaluate", "evaluate_base"}) == also, status
 
 
 def test_new_evaluation_of_the_same_model_logs_a_run_but_no_version(repo):
@@ -145,7 +146,7 @@ def test_new_evaluation_of_the_same_model_logs_a_run_but_no_version(repo):
     before = json.loads((repo / "models/registered.json").read_text())
     with edited_params(repo, **{"eval.prompts": 4}):
         output = run(["dvc", "repro"], repo)
-    assert ran_stages(output) == ["validate", "evaluate", "register"]
+    assert ran_stages(output) == ["validate", "evaluate_base", "evaluate", "register"]
     after = json.loads((repo / "models/registered.json").read_text())
     assert after["version"] == before["version"] and after["run_id"] != before["run_id"]
     assert after["gate"]["reason"] == f"model already registered as v{before['version']}"

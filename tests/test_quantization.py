@@ -123,14 +123,14 @@ def ran_stages(output: str) -> list[str]:
 
 
 def test_nf4_experiment_trains_on_a_4_bit_base_and_registers(repo):
-    """`-S quantization.method=nf4` touches train, merge, evaluate and register only, and registers a model."""
+    """`-S quantization.method=nf4` touches train, merge, the evaluations and register only, and registers a model."""
     import mlflow
 
     repo, _ = repo
     with edited_params(repo, **{"quantization.method": "nf4"}):
         status = json.loads(run(["dvc", "status", "--json"], repo))
-    assert sorted(status) == ["evaluate", "merge", "register", "train", "validate"], status
-    for stage in ("train", "merge", "evaluate", "register"):  # each for its own params, not only train's outputs
+    assert sorted(status) == ["evaluate_base", "merge", "register", "train", "validate"], status
+    for stage in ("train", "merge", "evaluate_base", "register"):  # each for its own params, not only train's outputs
         # DVC lists a whole declared section under "changed deps", a single key under "changed params"
         assert any("params.yaml" in change.get("changed params", change.get("changed deps", {}))
                    for change in status[stage] if isinstance(change, dict)), status[stage]
@@ -140,7 +140,7 @@ def test_nf4_experiment_trains_on_a_4_bit_base_and_registers(repo):
     # Fewer steps and prompts: evaluate and train re-run for quantization alone, as the status above shows.
     output = run(["dvc", "exp", "run", "-n", "nf4", "-S", "quantization.method=nf4", "-S", "train.sft.max_steps=6",
                   "-S", "eval.prompts=1", "-S", "eval.max_new_tokens=32", "-S", "eval.mgsm.limit=1"], repo)
-    assert ran_stages(output) == ["validate", "train", "merge", "evaluate", "register"]
+    assert ran_stages(output) == ["validate", "train", "merge", "evaluate_base", "evaluate", "register"]
     info = json.loads((repo / "models/adapter/training_info.json").read_text())["implementations"]
     assert info["quantization"] == "nf4" and info["quantized_layers"] == 2 * 7
     after = load_file(repo / "models/adapter/adapter_model.safetensors")

@@ -91,8 +91,9 @@ def test_queued_experiments_keep_their_own_params_and_results(queued):
 
     repo, before, after, output = queued
     assert after == before  # the workspace's params.yaml is untouched by the queue
-    # each ran evaluate and register only, after validate (which checks every params change)
-    assert sorted(s for s in ran_stages(output) if s != "validate") == ["evaluate"] * 2 + ["register"] * 2, output
+    # each ran the evaluations and register only, after validate (which checks every params change)
+    assert sorted(s for s in ran_stages(output) if s != "validate") == (["evaluate"] * 2 + ["evaluate_base"] * 2
+                                                                         + ["register"] * 2), output
     shown = experiments(repo)
     client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     for name, prompts in QUEUED.items():

@@ -1,0 +1,91 @@
+"""Text generation for evaluation and serving: the implementations that decode, length-sorted batches, and the
+batches split over the processes of a launch."""
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
+
+from lora_pipeline.distributed import gather, process_group
+from lora_pipeline.modeling import experts_implementation, set_experts_implementation
+
+# transformers' generate swaps grouped_mm for batched_mm while it decodes, and batched_mm copies each selected
+# expert's weights once per token: a whole prompt batch in prefill asks for hundreds of GiB on gpt-oss-20b. The same
+# grouped kernels (tokens sorted by expert, one grouped GEMM per projection) under a name of their own are kept.
+GROUPED_FOR_GENERATION = "grouped_mm_generate"
+ExpertsInterface.register(GROUPED_FOR_GENERATION, grouped_mm_experts_forward)
+
+
+def decoding_implementations(model_type: str, attention: str, experts: str | None) -> dict:
+    """The attention and experts implementations generation runs, given those the model was loaded with, and why
+    any differs: flex attention does not compile inside generate for gpt-oss (Inductor finds no kernel for its
+    sinks' score function), and grouped experts keep their grouped kernels while decoding."""
+    notes = []
+    if attention == "flex_attention" and model_type == "gpt_oss":
+        attention = "eager"
+        notes.append("gpt-oss's flex attention does not compile inside generate: eager")
+    if experts in ("grouped_mm", "batched_mm"):
+        notes.append(f"{experts} experts decode as {GROUPED_FOR_GENERATION} (grouped_mm that generate keeps)")
+        experts = GROUPED_FOR_GENERATION
+    return {"attention": attention, "experts": experts, "notes": notes}
+
+
+def use_for_generation(model) -> dict:
+    """Switch a loaded model to the implementations that decode (decoding_implementations) and return them."""
+    chosen = decoding_implementations(model.config.model_type, model.config._attn_implementation,
+                                      experts_implementation(model))
+    if chosen["attention"] != model.config._attn_implementation:
+        model.set_attn_implementation(chosen["attention"])
+    if chosen["experts"]:
+        set_experts_implementation(model, chosen["experts"])
+    return chosen
+
+
+def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int,
+             do_sample: bool = False, stats: dict | None = None) -> list[str]:
+    """Batched generation (left padding) of the assistant turn; returns the new text, special tokens kept."""
+    prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    return generate_from_prompts(model, tokenizer, prompts, max_new_tokens, batch_size, stats=stats,
+                                 do_sample=do_sample)
+
+
+def batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices in batches of similar lengths (shortest first), so little of each batch is padding; the same batches
+    whatever the number of processes, so each prompt is decoded as one process would decode it."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+@torch.no_grad()
+def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
+                          stats: dict | None = None, **sampling) -> list[str]:
+    """Batched generation (left padding) after prompts already rendered with the chat template; returns the new
+    text, special tokens kept. In a launch of several processes each takes every n-th batch and all get every text.
+    `sampling`: do_sample, temperature, top_p (greedy unless do_sample). `stats`, if given, accumulates this
+    process's new tokens, decode steps and seconds."""
+    tokenizer.padding_side = "left"
+    rank, world = process_group()
+    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    mine = []
+    for batch in batches([len(ids) for ids in encoded], batch_size)[rank::world]:
+        inputs = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, return_tensors="pt").to(model.device)
+        started = time.perf_counter()
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                             **sampling)
+        new = out[:, inputs["input_ids"].shape[1]:]
+        if stats is not None:
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            stats["seconds"] = stats.get("seconds", 0.0) + time.perf_counter() - started
+            stats["decode_steps"] = stats.get("decode_steps", 0) + new.shape[1]
+            stats["new_tokens"] = stats.get("new_tokens", 0) + int((new != tokenizer.pad_token_id).sum())
+            stats["prompts"] = stats.get("prompts", 0) + len(batch)
+        for i, row in zip(batch, new):
+            text = tokenizer.decode(row, skip_special_tokens=False)
+            mine.append((i, text.replace(tokenizer.pad_token, "") if tokenizer.pad_token else text))
+    tokenizer.padding_side = "right"
+    outputs = [""] * len(prompts)
+    for i, text in gather(mine):
+        outputs[i] = text
+    return outputs
