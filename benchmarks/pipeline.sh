@@ -9,14 +9,17 @@
 #   bash benchmarks/pipeline.sh gpt-oss-20b [stage ...]   only those stages
 # Env: MGSM_DIR (default ../shared/data/mgsm; none: no MGSM), PIPELINE_ACCELERATE (default single_gpu),
 # PIPELINE_SET ("key=value ..." params overrides after the recipe), PIPELINE_COMMIT, PIPELINE_TREE=head (HEAD's
-# files instead of the working tree's), PIPELINE_CMD=1 (the stages' cmd even where DVC is installed).
+# files instead of the working tree's), PIPELINE_CMD=1 (the stages' cmd even where DVC is installed),
+# PIPELINE_TINY=1 and PIPELINE_ROWS=N (a reduced model and fewer rows: a check of the stand-ins on a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$PWD
 RECIPE=${1:?usage: benchmarks/pipeline.sh <qwen2-0.5b|gpt-oss-20b|default> [stage ...]}
 shift
-WORK=$(mkdir -p "${PIPELINE_WORK:-/tmp/pipeline-$RECIPE}" && cd "${PIPELINE_WORK:-/tmp/pipeline-$RECIPE}" && pwd)
-OUT=$(mkdir -p "$(dirname "${PIPELINE_OUT:-bench/pipeline.jsonl}")" && cd "$(dirname "${PIPELINE_OUT:-bench/pipeline.jsonl}")" && pwd)/$(basename "${PIPELINE_OUT:-bench/pipeline.jsonl}")
+WORK=${PIPELINE_WORK:-/tmp/pipeline-$RECIPE}
+OUT=${PIPELINE_OUT:-bench/pipeline.jsonl}
+mkdir -p "$WORK" "$(dirname "$OUT")"
+WORK=$(cd "$WORK" && pwd) OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")  # absolute: the rest runs in the copy
 MGSM=${MGSM_DIR:-../shared/data/mgsm}
 [ "$MGSM" = none ] || MGSM=$(cd "$MGSM" 2>/dev/null && pwd || echo "$MGSM")
 COMMIT=${PIPELINE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -42,7 +45,8 @@ SETS=()
 for s in ${PIPELINE_SET:-}; do SETS+=(--set "$s"); done
 echo "=== setup $RECIPE in $WORK ($(date +%T))"
 "$PY" benchmarks/pipeline_setup.py build "$RECIPE" --work "$WORK" --mgsm "$MGSM" \
-  ${PIPELINE_ACCELERATE:+--accelerate "$PIPELINE_ACCELERATE"} "${SETS[@]}"
+  ${PIPELINE_ACCELERATE:+--accelerate "$PIPELINE_ACCELERATE"} ${PIPELINE_TINY:+--tiny} \
+  ${PIPELINE_ROWS:+--rows "$PIPELINE_ROWS"} "${SETS[@]}"
 # exec: a SIGTERM (timeout) reaches the recorder, which stops the stage and records it
 exec "$PY" benchmarks/pipeline_record.py "$RECIPE" "$@" --repo "$REPO" --out "$OUT" --commit "$COMMIT" \
   ${PIPELINE_FORCE:+--force} ${PIPELINE_CMD:+--cmd}
