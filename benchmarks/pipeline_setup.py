@@ -235,7 +235,7 @@ def dvc_config(repo: Path) -> None:
 
 def setup(recipe: str, work: Path, repo: Path = ROOT, mgsm: str = "", accelerate: str | None = None,
           tiny: bool = False, rows: int | None = None, sets: list[str] = ()) -> None:
-    """The stand-ins under `work` (built once: kept while `work`/model/built.json matches) and the params in `repo`,
+    """The stand-ins under `work` (built once: kept while `work`/model.json matches) and the params in `repo`,
     a scratch copy, with this very copy's code."""
     from lora_pipeline.tiny_models import tokenizer_corpus
 
@@ -247,7 +247,7 @@ def setup(recipe: str, work: Path, repo: Path = ROOT, mgsm: str = "", accelerate
         spec = {"recipe": recipe, "tiny": tiny, "rows": rows or STAND_INS[recipe]["rows"]}
         data_file = work / f"pipeline-{recipe}.jsonl"
         model_dir = work / "model"
-        marker = model_dir / "built.json"
+        marker = work / "model.json"  # beside the folder: fetch copies the folder whole
         if not (marker.is_file() and json.loads(marker.read_text()).get("spec") == spec and data_file.is_file()):
             shutil.rmtree(model_dir, ignore_errors=True)
             made = build_data(recipe, data_file, rows)
