@@ -5,6 +5,14 @@ from __future__ import annotations
 import torch
 
 
+def launch_state():
+    """accelerate's state of this process. Without a GPU the processes of a multi-process launch join over gloo
+    (cpu=True, as the train stage's do); otherwise each would take itself for the only one."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
 def process_group() -> tuple[int, int]:
     """(rank, world size) of the launch this process is part of; (0, 1) outside one."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -16,7 +16,7 @@ import torch
 
 from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.data import read_jsonl, write_jsonl
-from lora_pipeline.distributed import process_group
+from lora_pipeline.distributed import launch_state, process_group
 from lora_pipeline.generation import generate, use_for_generation
 from lora_pipeline.languages import LANGUAGE_NAMES
 from lora_pipeline.metrics import answer_correct, check_eval, detect_language, heldout_loss, read_mgsm
@@ -109,9 +109,8 @@ def main():
     params = load_params(paths["stage"])
     ev = params.eval
     check_eval(ev)  # every input, before loading a model
-    from accelerate import PartialState
-
-    state = PartialState()  # under accelerate launch with several processes: joins their group
+    state = launch_state()  # under accelerate launch with several processes: joins their group
+    device = state.device if state.device.type == "cuda" else torch.device("cpu")
     metrics, records, speed = {}, [], {}
     if name == "finetuned" or ev.include_base:
         test_rows = read_jsonl(TEST)
@@ -121,7 +120,7 @@ def main():
         tokenizer = load_tokenizer(paths["model"], trust_remote_code=params.model.trust_remote_code)
         # The base as it was trained (quantization params); the merged model in full precision, as saved.
         quantization = params.quantization if name == "base" else None
-        model = load_model(paths["model"], params.model, quantization, device_map={"": state.device}).eval()
+        model = load_model(paths["model"], params.model, quantization, device_map={"": device}).eval()
         speed["load_seconds"] = time.perf_counter() - started
         torch.manual_seed(0)
         metrics, records, speed["timings"] = evaluate(model, tokenizer, ev, heldout, questions)
@@ -132,7 +131,7 @@ def main():
             record["model"] = name
     if state.process_index != 0:
         return
-    speed |= {"model": name, "processes": process_group()[1], "device": str(state.device),
+    speed |= {"model": name, "processes": process_group()[1], "device": str(device),
               "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
     write_json(paths["speed"], speed)
     write_compliance(metrics.get("compliance", {}), paths["compliance"])

@@ -28,7 +28,7 @@ def test_two_process_data_parallel_training(pipeline_copy):
 
 def test_two_process_evaluation_writes_what_one_process_wrote(pipeline_copy):
     """evaluate launched with cpu_ddp: each process decodes every other batch (the default's 51 prompts make three
-    batches) and its share of the held-out loss; rank 0 gathers them and writes the single process's results."""
+    batches) and its share of the held-out loss; rank 0 gathers them and writes the single process's results, alone."""
     copy = pipeline_copy
     outputs = ["metrics/eval.json", "reports/generations.jsonl", "plots/compliance/finetuned.csv"]
     one_process = {path: (copy / path).read_text() for path in outputs}
@@ -36,4 +36,5 @@ def test_two_process_evaluation_writes_what_one_process_wrote(pipeline_copy):
     output = run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu_ddp.yaml", "-m", "stages.evaluate"],
                  copy)
     assert json.loads((copy / "logs/evaluate.json").read_text())["processes"] == 2, output[-3000:]
+    assert output.count('"speed": {') == 1, output[-3000:]  # rank 0 alone writes and prints the results
     assert {path: (copy / path).read_text() for path in outputs} == one_process
