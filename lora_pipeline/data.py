@@ -196,14 +196,23 @@ def clean_rows(source_rows: list[SourceRow], label: str, bad_rows: str, max_char
         if problem is None:
             kept.append(source_row.row)
         elif bad_rows == "fail":
-            raise DataError(f"{source_row.where(label)}: {problem.detail}")
+            raise DataError(f"{source_row.where(label)}: {problem.detail}; {way_on(problem.reason)}")
         else:
             dropped[problem.reason] += 1
     if not kept:
         filters = ", ".join(f"{reason} ({n})" for reason, n in dropped.most_common())
-        limit = f" (data.max_chars {max_chars})" if "too_long" in dropped else ""
+        limit = (f" (data.max_chars {max_chars}); raise data.max_chars (0: no limit) or fix the rows"
+                 if "too_long" in dropped else "; fix the rows")
         raise DataError(f"{label}: no usable rows left of {len(source_rows)}; removed by {filters}{limit}")
     return kept, {"rows_in": len(source_rows), "rows_kept": len(kept), "dropped": dict(sorted(dropped.items()))}
+
+
+def way_on(reason: str) -> str:
+    """The params that change what a bad row of this reason does, for its message."""
+    drop = "data.bad_rows: drop drops and counts such rows"
+    if reason == "too_long":
+        return f"raise data.max_chars (0: no limit), or {drop}"
+    return f"{'remove' if reason == 'duplicate' else 'fix'} the row, or {drop}"
 
 
 def _problem(source_row: SourceRow, max_chars: int, first_seen: dict) -> Problem | None:

@@ -48,7 +48,7 @@ def test_a_bad_row_stops_fetch_with_one_line(repo):
                           text=True)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("fetch: data/local/mydata.jsonl row 6: messages: no assistant turn to learn from "
-                                   "(roles ['user'])")
+                                   "(roles ['user']); fix the row, or data.bad_rows: drop drops and counts such rows")
 
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
