@@ -316,7 +316,7 @@ def test_dropping_accounts_for_every_row(rows, max_chars):
 
 
 @FAST
-@given(st.lists(conversations(), min_size=2, max_size=20), st.integers(0, 5))
+@given(st.lists(conversations(), min_size=3, max_size=20), st.integers(0, 5))
 def test_no_test_prompt_is_left_in_train(rows, seed):
     train, test = split_rows(rows, 0.5, seed)
     try:
