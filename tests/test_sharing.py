@@ -94,7 +94,7 @@ def test_a_fresh_clone_pulls_the_pipeline_and_registers_the_model_in_its_own_sto
     registered = json.loads((clone / "models/registered.json").read_text())
     assert registered["tracking_uri"] == "sqlite:///mlflow.db" and registered["version"] == 1
     client = mlflow.MlflowClient(f"sqlite:///{clone / 'mlflow.db'}")
-    assert client.get_model_version_by_alias("lora-pipeline", "champion").version == "1"
+    assert str(client.get_model_version_by_alias("lora-pipeline", "champion").version) == "1"
     assert sorted(client.get_model_version("lora-pipeline", "1").aliases) == registered["aliases"] == ["candidate",
                                                                                                       "champion"]
     logged = client.get_run(registered["run_id"])
@@ -167,4 +167,4 @@ def test_temp_experiment_runs_in_a_copy_and_leaves_the_workspace_as_it_was(repo)
 
     client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")  # the temp copy's register used this store
     version = client.get_model_version_by_alias("lora-temp", "candidate")
-    assert version.version == "1" and client.get_run(version.run_id).data.tags["dvc_exp_name"] == "temp-run"
+    assert str(version.version) == "1" and client.get_run(version.run_id).data.tags["dvc_exp_name"] == "temp-run"
