@@ -196,14 +196,23 @@ def clean_rows(source_rows: list[SourceRow], label: str, bad_rows: str, max_char
         if problem is None:
             kept.append(source_row.row)
         elif bad_rows == "fail":
-            raise DataError(f"{source_row.where(label)}: {problem.detail}")
+            raise DataError(f"{source_row.where(label)}: {problem.detail}; {way_on(problem.reason)}")
         else:
             dropped[problem.reason] += 1
     if not kept:
         filters = ", ".join(f"{reason} ({n})" for reason, n in dropped.most_common())
-        limit = f" (data.max_chars {max_chars})" if "too_long" in dropped else ""
+        limit = (f" (data.max_chars {max_chars}); raise data.max_chars (0: no limit) or fix the rows"
+                 if "too_long" in dropped else "; fix the rows")
         raise DataError(f"{label}: no usable rows left of {len(source_rows)}; removed by {filters}{limit}")
     return kept, {"rows_in": len(source_rows), "rows_kept": len(kept), "dropped": dict(sorted(dropped.items()))}
+
+
+def way_on(reason: str) -> str:
+    """The params that change what a bad row of this reason does, for its message."""
+    drop = "data.bad_rows: drop drops and counts such rows"
+    if reason == "too_long":
+        return f"raise data.max_chars (0: no limit), or {drop}"
+    return f"{'remove' if reason == 'duplicate' else 'fix'} the row, or {drop}"
 
 
 def _problem(source_row: SourceRow, max_chars: int, first_seen: dict) -> Problem | None:
@@ -244,10 +253,9 @@ def split_rows(rows: list[dict], test_size: float, seed: int) -> tuple[list[dict
     """Shuffle with `seed`, then cut off the test part: a fraction if test_size < 1, else a row count."""
     import random
 
-    n_test = round(len(rows) * test_size) if test_size < 1 else int(test_size)
-    if not 1 <= n_test < len(rows):
-        raise ValueError(f"split.test_size {test_size} leaves {n_test} test rows of {len(rows)}; "
-                         "need at least one row on each side")
+    if problem := split_problem(len(rows), test_size):
+        raise ValueError(problem)
+    n_test = held_out(len(rows), test_size)
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     test_idx = set(order[:n_test])
@@ -268,7 +276,8 @@ def remove_test_prompts(train: list[dict], test: list[dict]) -> tuple[list[dict]
     test_prompts = {prompt_key(row) for row in test}
     kept = [row for row in train if prompt_key(row) not in test_prompts]
     if not kept:
-        raise DataError(f"every one of {len(train)} train rows asks what a test row asks")
+        raise DataError(f"every one of {len(train)} train rows asks what a test row asks; a smaller "
+                        "split.test_size leaves more rows to train, or the data needs more distinct questions")
     return kept, len(train) - len(kept)
 
 
@@ -276,28 +285,60 @@ def remove_test_prompts(train: list[dict], test: list[dict]) -> tuple[list[dict]
 MIN_TEST_ROWS = 2
 
 
-def most_rows(data) -> int | None:
-    """The most rows fetch can yield, known before it runs: data.builtin_rows, and data.max_rows of any source."""
-    bounds = [n for n in (data.builtin_rows if data.source == "builtin" else 0, data.max_rows) if n]
-    return min(bounds) if bounds else None
+def held_out(rows: int, test_size: float) -> int:
+    return round(rows * test_size) if test_size < 1 else int(test_size)
 
 
-def held_out_rows(data, split) -> int | None:
-    """Test rows that split.test_size leaves, where known before fetch; 0 where split would refuse it."""
-    rows = most_rows(data)
-    if rows is None:
-        return int(split.test_size) if split.test_size >= 1 else None
+def split_problem(rows: int, test_size: float, of: str = "") -> str | None:
+    """The split's one rule, which validate applies to the most rows fetch can yield (`of` says what bounds them)
+    and split to the rows fetched: at least MIN_TEST_ROWS test rows and one to train. None where it holds."""
+    n_test = held_out(rows, test_size)
+    if MIN_TEST_ROWS <= n_test < rows:
+        return None
+    return (f"split.test_size: {test_size:g} leaves {n_test} test and {max(rows - n_test, 0)} train rows of "
+            f"{of or rows}; allowed: a fraction below 1 "
+            f"or a whole row count that leaves at least {MIN_TEST_ROWS} test rows and one to train")
+
+
+def local_rows(path: Path) -> int | None:
+    """How many rows fetch will read from a local data file, before any is checked; None where it cannot be read
+    (fetch then names why)."""
     try:
-        return len(split_rows(list(range(rows)), split.test_size, split.seed)[1])
-    except ValueError:
-        return 0
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows
+        text = path.read_bytes().decode("utf-8-sig")
+        if path.suffix in (".csv", ".tsv"):
+            table = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix == ".tsv" else ","))
+            return sum(1 for cells in table[1:] if cells)
+        if path.suffix == ".json" and text.lstrip().startswith("["):
+            rows = json.loads(text)
+            return len(rows) if isinstance(rows, list) else None
+        return sum(1 for line in text.split("\n") if line.strip())
+    except Exception:  # not UTF-8, not JSON, a damaged Parquet file, a csv error: fetch's to report
+        return None
+
+
+def most_rows(data) -> tuple[int, str] | None:
+    """The most rows fetch can yield, known before it runs, and the key that sets that bound: data.builtin_rows,
+    the rows of a local data file (data.name), data.max_rows of any source."""
+    bounds = []
+    if data.source == "builtin":
+        bounds.append((data.builtin_rows, "data.builtin_rows"))
+    if data.source == "local" and Path(data.name).is_file() and (rows := local_rows(Path(data.name))) is not None:
+        bounds.append((rows, f"the rows of data.name {data.name}"))
+    if data.max_rows:
+        bounds.append((data.max_rows, "data.max_rows"))
+    return min(bounds, key=lambda bound: bound[0]) if bounds else None
 
 
 def check_split(data, split) -> None:
-    test_rows = held_out_rows(data, split)
-    if test_rows is not None and test_rows < MIN_TEST_ROWS:
-        rows = most_rows(data)
-        of = f" of at most {rows} (data.builtin_rows / data.max_rows)" if rows else ""
-        raise ValueError(f"split.test_size: {split.test_size:g} leaves {test_rows} test rows{of}; allowed: a "
-                         f"fraction below 1 or a whole row count that leaves at least {MIN_TEST_ROWS} test rows and "
-                         "one to train")
+    bound = most_rows(data)
+    if bound is None:  # a Hub data set of unknown size: only a row count below the least can be refused now
+        if split.test_size >= 1 and (problem := split_problem(int(split.test_size) + 1, split.test_size)):
+            raise ValueError(problem)
+        return
+    rows, what = bound
+    if problem := split_problem(rows, split.test_size, f"at most {rows} ({what})"):
+        raise ValueError(problem)

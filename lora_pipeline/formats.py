@@ -21,6 +21,7 @@ JSON_TEXT_FIELDS = ("messages", "conversations")  # lists that csv cells and som
 _MESSAGES_FIELD = re.compile(r"^messages(?:\[(\d+)\])?(?:\.(\w+))?(?=: )")
 
 Rename = Callable[[str], str]
+MAP_COLUMNS = "data.columns maps a format's fields to these columns, e.g. {instruction: question, output: answer}"
 
 
 class FormatError(ValueError):
@@ -74,12 +75,12 @@ class Converter:
         if not self.chosen:
             if self.formats_of(names):
                 return None
-            return f"the columns match no format; expected one of: {self.expected()} {listed}"
+            return f"the columns match no format; expected one of: {self.expected()} {listed}; {MAP_COLUMNS}"
         missing = [self.column(f) for f in FORMATS[self.format][0] if self.column(f) not in names]
         if not missing:
             return None
         plural = "s" if len(missing) > 1 else ""
-        return f"no {', '.join(repr(m) for m in missing)} column{plural} {listed}"
+        return f"no {', '.join(repr(m) for m in missing)} column{plural} {listed}; {MAP_COLUMNS}"
 
     def expected(self) -> str:
         return ", ".join(self.describe(name) for name in FORMATS)
@@ -93,7 +94,7 @@ class Converter:
         if self.format is None:
             if not matches:
                 raise FormatError(f"matches no format; expected one of: {self.expected()} "
-                                  f"(columns: {', '.join(row)})")
+                                  f"(columns: {', '.join(row)}); {MAP_COLUMNS}")
             self.format, self.first = matches[0], number
         elif self.format not in matches and matches:
             raise FormatError(f"a {self.describe(matches[0])} row {self._of_what()}")

@@ -227,6 +227,15 @@ def pretraining_corpus(rows: list[dict]) -> list[str]:
     return texts
 
 
+def cut_to_tokens(texts: list[str], tokenizer, max_length: int) -> list[str]:
+    """Each text cut to as many characters as its first max_length tokens can span, so that a long text costs the
+    tokenizer what an ordinary one does. A token is at most the longest vocabulary entry's bytes (one character or
+    more each), and NFC normalisation at most triples a text: a cut at 4x that many characters keeps more than
+    max_length tokens, the same first ones as the whole text's. Shorter texts are returned as they are."""
+    bound = 4 * max_length * max(len(token) for token in tokenizer.get_vocab())
+    return [text[:bound] for text in texts]
+
+
 def pretrain(model, tokenizer, texts: list[str], steps: int, seed: int, batch_size: int = 32,
              max_length: int = 128, learning_rate: float = 3e-3) -> list[float]:
     """Full-parameter causal-LM training on plain texts; returns the loss per step."""
@@ -235,6 +244,7 @@ def pretrain(model, tokenizer, texts: list[str], steps: int, seed: int, batch_si
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=learning_rate, total_steps=steps, pct_start=0.1)
+    texts = cut_to_tokens(texts, tokenizer, max_length)
     model.train()
     losses = []
     for _ in range(steps):

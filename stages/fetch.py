@@ -6,7 +6,8 @@ metrics/data.json records) are written as messages rows. A bad row stops the sta
 and field (data.bad_rows: fail), or is dropped and counted per reason (drop). A Hub that is offline or unreachable
 stops it with one line naming the id and revision.
 Both outputs are written to staging folders and moved into place only once both are complete, so a failure never
-leaves half a download (or new data beside an old model) where the outputs were.
+leaves half a download (or new data beside an old model) where the outputs were; they are `persist` in dvc.yaml, so
+under `dvc repro` too a failed fetch leaves them, and metrics/data.json, as they were.
 """
 import shutil
 import sys
@@ -19,6 +20,7 @@ from lora_pipeline.outputs import replace_dir, staging_dir, write_json
 from lora_pipeline.params import load_params
 
 RAW, BASE, METRICS = Path("data/raw"), Path("models/base"), Path("metrics/data.json")
+KEPT = f"{RAW}, {BASE} and {METRICS} are as they were"
 
 
 def main():
@@ -45,7 +47,7 @@ def main():
         shutil.rmtree(raw, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
         if isinstance(exc, (DataError, HubUnreachable)):
-            sys.exit(f"fetch: {exc}")
+            sys.exit(f"fetch: {exc}; {KEPT}")
         raise
     replace_dir(raw, RAW)
     replace_dir(base, BASE)

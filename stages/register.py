@@ -8,7 +8,9 @@ server) a new run, tagged train_run_id when the train run is on this server, wit
 The new version gets the alias `candidate`; it becomes `champion` only if register.gate_metric beats the
 current champion's. Outputs already logged (same md5s in dvc.lock) log nothing; a new run whose model is
 already registered (e.g. only eval params changed) logs its run and links the existing version. An unreachable
-server fails the stage in bounded time with one line, models/registered.json untouched.
+server fails the stage in bounded time with one line, models/registered.json untouched (persist in dvc.yaml).
+models/registered.json describes this machine's store: it is in neither git nor a DVC remote, so in a clone, where
+it is missing, `dvc repro` runs this stage, which registers the model in the clone's own store.
 """
 import csv
 import hashlib
@@ -131,13 +133,14 @@ def main():
         aliases = client.get_model_version(reg.model_name, version.version).aliases
     except Exception as exc:
         reason, retries = tracking.unreachable(exc), os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+        kept = f"{OUT} left as it was" if OUT.exists() else f"nothing registered yet (no {OUT})"
         tracking.end_run_failed()
         if reason is None:
             raise
         raise SystemExit(
             f"register: MLflow at {tracking.redact(uri)} unreachable ({reason}) after "
             f"{retries} retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES, "
-            f"_BACKOFF_FACTOR, _TIMEOUT set the bound); {OUT} left as it was, re-run when the server is back") from None
+            f"_BACKOFF_FACTOR, _TIMEOUT set the bound); {kept}, re-run when the server is back") from None
 
     write_json(OUT, {"model_name": reg.model_name, "version": int(version.version),
                      "model_uri": f"models:/{reg.model_name}/{version.version}", "aliases": sorted(aliases),

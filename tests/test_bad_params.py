@@ -84,9 +84,9 @@ BAD = [
     case({"train.sft.train_sampling_strategy": "balanced"}, "train.sft.train_sampling_strategy", "'batch_rebalance'"),
     # split against the rows the data set yields (data.builtin_rows: 2000)
     case({"split.test_size": 5000}, "split.test_size", "5000"),
-    case({"split.test_size": 2000}, "split.test_size", "leaves 0 test rows of at most 2000"),
-    case({"split.test_size": 1}, "split.test_size", "leaves 1 test rows"),
-    case({"split.test_size": 0.0005}, "split.test_size", "0.0005 leaves 1 test rows"),
+    case({"split.test_size": 2000}, "split.test_size", "leaves 2000 test and 0 train rows of at most 2000"),
+    case({"split.test_size": 1}, "split.test_size", "leaves 1 test and 1999 train rows"),
+    case({"split.test_size": 0.0005}, "split.test_size", "0.0005 leaves 1 test and 1999 train rows"),
     case({"data.source": "hub", "data.name": "org/rows", "data.max_rows": 300, "split.test_size": 300},
          "split.test_size", "of at most 300"),
     # files and language codes

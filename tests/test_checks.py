@@ -3,11 +3,11 @@ import pytest
 import yaml
 
 from conftest import MGSM
-from lora_pipeline.data import check_data
+from lora_pipeline.data import check_data, check_split, local_rows, split_problem
 from lora_pipeline.metrics import check_eval, check_register
 from lora_pipeline.modeling import check_model
 from conftest import ROOT
-from lora_pipeline.params import Data, Eval, Model, Register
+from lora_pipeline.params import Data, Eval, Model, Register, Split
 
 SHIPPED = yaml.safe_load((ROOT / "params.yaml").read_text())
 
@@ -47,6 +47,52 @@ def test_local_data_lives_under_data_local(tmp_path, monkeypatch, name):
     (tmp_path / "rows.jsonl").write_text("{}")
     with pytest.raises(ValueError, match=r"data.name: local data files live under data/local/"):
         check_data(local_data(name))
+
+
+ROW = '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'
+
+
+@pytest.mark.parametrize("name, text, rows", [
+    ("rows.jsonl", f"{ROW}\n\n{ROW}\nnot JSON\n", 3),  # blank lines are no rows, bad ones are
+    ("rows.json", f"[{ROW}, {ROW}]", 2),
+    ("rows.csv", 'prompt,completion\nq,"a, b"\n\nq2,"multi\nline"\n', 2),
+    ("rows.tsv", "instruction\toutput\nq\ta\n", 1),
+    ("rows.jsonl", b"\xff\xfe", None),  # not UTF-8: fetch names why
+])
+def test_local_rows_counts_what_fetch_reads(tmp_path, name, text, rows):
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert local_rows(path) == rows
+
+
+def test_a_local_file_too_small_to_split_is_refused_naming_the_keys(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "local").mkdir(parents=True)
+    (tmp_path / "data" / "local" / "five.jsonl").write_text(f"{ROW}\n" * 5)
+    five = local_data("data/local/five.jsonl")
+    with pytest.raises(ValueError, match=r"^split\.test_size: 0\.1 leaves 0 test and 5 train rows of at most 5 \(the "
+                                         r"rows of data\.name data/local/five\.jsonl\); allowed: a fraction below 1 or "
+                                         r"a whole row count that leaves at least 2 test rows and one to train$"):
+        check_split(five, Split(test_size=0.1, seed=0))
+    check_split(five, Split(test_size=2, seed=0))
+    (tmp_path / "data" / "local" / "five.jsonl").write_text(f"{ROW}\n" * 50)
+    check_split(five, Split(test_size=0.1, seed=0))
+    with pytest.raises(ValueError, match=r"leaves 1 test and 9 train rows of at most 10 \(data\.max_rows\)"):
+        check_split(five.model_copy(update={"max_rows": 10}), Split(test_size=0.1, seed=0))
+
+
+@pytest.mark.parametrize("rows, test_size, allowed", [
+    (20, 0.1, True), (20, 0.05, False), (3, 2, True), (2, 2, False), (2, 0.5, False), (10, 0.99, False),
+])
+def test_validate_and_split_share_one_rule(rows, test_size, allowed):
+    from lora_pipeline.data import split_rows
+
+    assert (split_problem(rows, test_size) is None) == allowed
+    if allowed:
+        assert len(split_rows(list(range(rows)), test_size, seed=0)[0]) >= 1
+    else:
+        with pytest.raises(ValueError, match=r"^split\.test_size: "):
+            split_rows(list(range(rows)), test_size, seed=0)
 
 
 def test_eval_languages_and_mgsm_files(tmp_path):

@@ -93,8 +93,11 @@ BAD_ROWS = {
 def test_bad_row_fails_naming_file_row_and_field(tmp_path, monkeypatch, kind):
     bad, _, fragment = BAD_ROWS[kind]
     data = local(tmp_path, monkeypatch, "mydata.jsonl", jsonl(GOOD[0], GOOD[1], bad, GOOD[2]), max_chars=50)
-    with pytest.raises(DataError, match=rf"^data/local/mydata\.jsonl row 3: {fragment}"):
+    with pytest.raises(DataError, match=rf"^data/local/mydata\.jsonl row 3: {fragment}") as error:
         load_rows(data)
+    # the way on: the params that change the outcome
+    assert str(error.value).endswith("data.bad_rows: drop drops and counts such rows")
+    assert ("raise data.max_chars (0: no limit)" in str(error.value)) == (kind == "too long")
 
 
 @pytest.mark.parametrize("kind", BAD_ROWS)
@@ -127,7 +130,8 @@ def test_nothing_left_names_the_filters(tmp_path, monkeypatch):
     long_row = chat(turn("user", "x" * 30), turn("assistant", "y"))
     content = jsonl(chat(turn("user", "a")), chat(turn("user", "b")), long_row)
     with pytest.raises(DataError, match=r"^data/local/mydata\.jsonl: no usable rows left of 3; removed by "
-                                        r"no_assistant_turn \(2\), too_long \(1\) \(data\.max_chars 20\)"):
+                                        r"no_assistant_turn \(2\), too_long \(1\) \(data\.max_chars 20\); raise "
+                                        r"data\.max_chars \(0: no limit\) or fix the rows$"):
         load_rows(local(tmp_path, monkeypatch, "mydata.jsonl", content, "drop", 20))
 
 
@@ -312,7 +316,7 @@ def test_dropping_accounts_for_every_row(rows, max_chars):
 
 
 @FAST
-@given(st.lists(conversations(), min_size=2, max_size=20), st.integers(0, 5))
+@given(st.lists(conversations(), min_size=3, max_size=20), st.integers(0, 5))
 def test_no_test_prompt_is_left_in_train(rows, seed):
     train, test = split_rows(rows, 0.5, seed)
     try:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import copy_repo, run, run_env, set_params
+from conftest import copy_repo, edited_params, run, run_env, set_params
 from lora_pipeline import builtin_data
 
 ROWS = builtin_data.generate(30, seed=2)
@@ -48,7 +48,67 @@ def test_a_bad_row_stops_fetch_with_one_line(repo):
                           text=True)
     assert proc.returncode == 1
     assert proc.stderr.strip() == ("fetch: data/local/mydata.jsonl row 6: messages: no assistant turn to learn from "
-                                   "(roles ['user'])")
+                                   "(roles ['user']); fix the row, or data.bad_rows: drop drops and counts such rows; "
+                                   "data/raw, models/base and metrics/data.json are as they were")
+
+
+FETCHED = ["data/raw/data.jsonl", "models/base/model.safetensors", "metrics/data.json"]
+SPLIT = ["data/split/train.jsonl", "data/split/test.jsonl", "metrics/split.json"]
+
+
+def contents(repo, paths) -> dict:
+    return {path: (repo / path).read_bytes() for path in paths}
+
+
+def failed_repro(repo, *args) -> str:
+    """The output of a `dvc repro` that must fail; no stage may end in a traceback."""
+    proc = subprocess.run(["dvc", "repro", *args], cwd=repo, env=run_env(), capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert "Traceback" not in output, output
+    return output
+
+
+def test_a_file_too_small_to_split_is_refused_by_validate_before_fetch(repo):
+    write_rows(repo / "data/local/five.jsonl", ROWS[:5])
+    with edited_params(repo, **{"data.name": "data/local/five.jsonl"}):
+        output = failed_repro(repo, "split")
+    assert "split.test_size: 0.1 leaves 0 test and 5 train rows of at most 5 (the rows of data.name " \
+           "data/local/five.jsonl); allowed: a fraction below 1 or a whole row count" in output
+    assert "Running stage 'fetch'" not in output
+
+
+def test_a_fetch_that_refuses_a_row_keeps_its_outputs_under_dvc_repro(repo):
+    write_rows(repo / "data/local/mydata.jsonl", ROWS[:20])
+    run(["dvc", "repro", "fetch"], repo)
+    before = contents(repo, FETCHED)
+    write_rows(repo / "data/local/mydata.jsonl", ROWS[:20] + [ROWS[3]])
+    with edited_params(repo, **{"data.bad_rows": "fail", "data.max_chars": 100}):
+        output = failed_repro(repo, "fetch")
+    assert ("fetch: data/local/mydata.jsonl row 1: messages: " in output
+            and "over data.max_chars 100; raise data.max_chars (0: no limit), or data.bad_rows: drop drops and "
+                "counts such rows; data/raw, models/base and metrics/data.json are as they were" in output), output
+    set_params(repo, **{"data.bad_rows": "fail"})
+    output = failed_repro(repo, "fetch")
+    assert ("fetch: data/local/mydata.jsonl row 21: messages: the same conversation as row 4; remove the row, or "
+            "data.bad_rows: drop drops and counts such rows; data/raw, models/base and metrics/data.json are as they "
+            "were") in output, output
+    assert contents(repo, FETCHED) == before
+
+
+def test_a_split_of_too_few_fetched_rows_stops_with_one_line_and_keeps_its_outputs(repo):
+    set_params(repo, **{"data.bad_rows": "drop"})
+    write_rows(repo / "data/local/mydata.jsonl", ROWS[:20])
+    run(["dvc", "repro", "split"], repo)
+    before = contents(repo, SPLIT)
+    # 30 rows in the file pass validate; fetch drops 24, which leaves split 6
+    write_rows(repo / "data/local/mydata.jsonl", ROWS[:6] + [NO_ANSWER] * 24)
+    output = failed_repro(repo, "split")
+    assert "Running stage 'fetch'" in output
+    assert ("split: split.test_size: 0.1 leaves 1 test and 5 train rows of 6 fetched into data/raw/data.jsonl; "
+            "allowed: a fraction below 1 or a whole row count that leaves at least 2 test rows and one to train; "
+            "data/split and metrics/split.json are as they were") in output, output
+    assert contents(repo, SPLIT) == before
 
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

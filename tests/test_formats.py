@@ -195,7 +195,7 @@ def test_a_file_of_no_format_fails_naming_what_was_expected(tmp_path, monkeypatc
     with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 1: matches no format; expected one of: messages "
                                         r"\(messages\), prompt_completion \(prompt, completion\), sharegpt "
                                         r"\(conversations\), alpaca \(instruction, output\) \(columns: question, "
-                                        r"answer\)$"):
+                                        r"answer\); data\.columns maps a format's fields to these columns"):
         load_rows(data)
     table = local(tmp_path, monkeypatch, "x.csv", "question,answer\na,b\n", bad_rows=bad_rows)
     with pytest.raises(DataError, match=r"^data/local/x\.csv line 1: the columns match no format; expected one of: "

@@ -71,6 +71,19 @@ def test_server_killed_mid_register_then_one_registration(pipeline_copy, tmp_pat
         stop(server)
 
 
+def test_register_under_dvc_repro_with_the_server_down_keeps_its_record(pipeline_copy):
+    """DVC removes a stage's outputs before it runs it, unless they persist: the record register keeps stays."""
+    repo = pipeline_copy
+    saved = (repo / "models/registered.json").read_bytes()
+    proc = subprocess.run(["dvc", "repro", "--force", "--single-item", "register"], cwd=repo, capture_output=True,
+                          text=True, env=run_env(MLFLOW_TRACKING_URI="http://127.0.0.1:9", **FAST_RETRIES))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in output, output
+    assert "register: MLflow at http://127.0.0.1:9 unreachable" in output, output
+    assert "models/registered.json left as it was, re-run when the server is back" in output, output
+    assert (repo / "models/registered.json").read_bytes() == saved
+
+
 def test_registered_json_holds_no_machine_paths(repo):
     repo, _ = repo
     text = (repo / "models/registered.json").read_text()

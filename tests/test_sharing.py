@@ -1,6 +1,6 @@
-"""Sharing and parallel experiments on the reproduced pipeline: a DVC remote and a fresh clone, an experiment pushed
-and pulled through a git and a DVC remote, and queued and --temp experiments that run without mixing params or
-touching the workspace's."""
+"""Sharing and parallel experiments on the reproduced pipeline: a DVC remote and a fresh clone that registers the
+model in its own MLflow store, an experiment pushed and pulled through a git and a DVC remote, and queued and --temp
+experiments that run without mixing params or touching the workspace's."""
 import json
 
 import pytest
@@ -70,20 +70,36 @@ def queued(repo):
     run(["dvc", "queue", "stop"], repo)  # the idle worker, which would otherwise linger a minute
 
 
-def test_pushed_pipeline_pulls_into_a_fresh_clone_with_nothing_to_do(repo, remotes, tmp_path):
+def test_a_fresh_clone_pulls_the_pipeline_and_registers_the_model_in_its_own_store(repo, remotes, tmp_path):
+    """models/registered.json describes the MLflow store it was written for, so it is in neither git nor the DVC
+    remote: a clone has none, and its `dvc repro` runs register alone, which registers in the clone's own store."""
+    import mlflow
+
     repo, _ = repo
     store, origin = remotes
     run(["dvc", "push", "--all-branches"], repo)  # the workspace may hold an experiment: push the branch's outputs too
     clone = fresh_clone(origin, store, tmp_path / "clone")
     run(["dvc", "pull"], clone)
-    assert UP_TO_DATE in run(["dvc", "status"], clone)
+    assert not (clone / "models/registered.json").exists()
+    assert sorted(json.loads(run(["dvc", "status", "--json"], clone))) == ["register"]
     output = run(["dvc", "repro"], clone)
-    assert ran_stages(output) == [] and UP_TO_DATE in output
+    assert ran_stages(output) == ["register"]
+    assert UP_TO_DATE in run(["dvc", "status"], clone)
     head = run(["git", "rev-parse", "HEAD"], repo).strip()
     assert run(["git", "rev-parse", "HEAD"], clone).strip() == head
     for path in ("models/merged/model.safetensors", "models/adapter/adapter_model.safetensors", "data/split/test.jsonl",
                  "reports/generations.jsonl"):
         assert (clone / path).is_file(), path
+    # the clone's own store holds the version, its aliases and its run, as the clone's record says
+    registered = json.loads((clone / "models/registered.json").read_text())
+    assert registered["tracking_uri"] == "sqlite:///mlflow.db" and registered["version"] == 1
+    client = mlflow.MlflowClient(f"sqlite:///{clone / 'mlflow.db'}")
+    assert str(client.get_model_version_by_alias("lora-pipeline", "champion").version) == "1"
+    assert sorted(client.get_model_version("lora-pipeline", "1").aliases) == registered["aliases"] == ["candidate",
+                                                                                                      "champion"]
+    logged = client.get_run(registered["run_id"])
+    assert logged.info.status == "FINISHED" and logged.data.tags["registered_version"] == "1"
+    assert client.get_model_version("lora-pipeline", "1").run_id == registered["run_id"]
 
 
 def test_queued_experiments_keep_their_own_params_and_results(queued):
@@ -96,6 +112,7 @@ def test_queued_experiments_keep_their_own_params_and_results(queued):
                                                                          + ["register"] * 2), output
     shown = experiments(repo)
     client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("lora-pipeline")
     for name, prompts in QUEUED.items():
         data = shown[name]["data"]
         ev = data["params"]["params.yaml"]["data"]["eval"]
@@ -109,9 +126,9 @@ def test_queued_experiments_keep_their_own_params_and_results(queued):
         cached = repo / ".dvc/cache/files/md5" / out["md5"][:2] / out["md5"][2:]
         assert heldout_generations(cached) == prompts * 5, name
         # and its own MLflow run, logged with its own params
-        registered = json.loads(run(["git", "show", f"{rev}:models/registered.json"], repo))
-        logged = client.get_run(registered["run_id"]).data
-        assert logged.tags["dvc_exp_name"] == name
+        [logged] = [run_.data for run_ in client.search_runs([experiment.experiment_id],
+                                                             f"tags.dvc_exp_name = '{name}'")]
+        assert logged.tags["registered_version"]
         assert (logged.params["eval.prompts"], logged.params["eval.include_base"]) == (str(prompts), "False")
 
 
@@ -126,12 +143,11 @@ def test_experiment_pushed_to_git_and_dvc_remotes_pulls_into_a_fresh_clone(queue
     run(["dvc", "exp", "branch", "queued-p2", "p2"], clone)
     run(["git", "checkout", "-q", "p2"], clone)
     run(["dvc", "pull"], clone)
-    # every output the experiment recorded is there, and nothing is to do
-    assert UP_TO_DATE in run(["dvc", "status"], clone)
+    # every output the experiment recorded is there; only register has to run, for the clone's own store
+    assert sorted(json.loads(run(["dvc", "status", "--json"], clone))) == ["register"]
     assert yaml.safe_load((clone / "params.yaml").read_text())["eval"]["prompts"] == 2
     assert heldout_generations(clone / "reports/generations.jsonl") == 2 * 5
     assert (clone / "models/merged/model.safetensors").is_file()
-    assert ran_stages(run(["dvc", "repro"], clone)) == []
 
 
 def test_temp_experiment_runs_in_a_copy_and_leaves_the_workspace_as_it_was(repo):
@@ -148,5 +164,8 @@ def test_temp_experiment_runs_in_a_copy_and_leaves_the_workspace_as_it_was(repo)
     data = shown["temp-run"]["data"]
     assert data["params"]["params.yaml"]["data"]["register"]["model_name"] == "lora-temp"
     assert "compliance" in data["metrics"]["metrics/eval.json"]["data"]
-    registered = json.loads(run(["git", "show", f"{shown['temp-run']['rev']}:models/registered.json"], repo))
-    assert registered["model_name"] == "lora-temp" and registered["version"] == 1
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")  # the temp copy's register used this store
+    version = client.get_model_version_by_alias("lora-temp", "candidate")
+    assert str(version.version) == "1" and client.get_run(version.run_id).data.tags["dvc_exp_name"] == "temp-run"
