@@ -37,4 +37,10 @@ def test_two_process_evaluation_writes_what_one_process_wrote(pipeline_copy):
                  copy)
     assert json.loads((copy / "logs/evaluate.json").read_text())["processes"] == 2, output[-3000:]
     assert output.count('"speed": {') == 1, output[-3000:]  # rank 0 alone writes and prints the results
-    assert {path: (copy / path).read_text() for path in outputs} == one_process
+    # Greedy decoding gives the same texts; each process runs one thread (accelerate sets OMP_NUM_THREADS=1), so
+    # the held-out loss's float sums may round otherwise in the last bits.
+    assert {path: (copy / path).read_text() for path in outputs[1:]} == {path: one_process[path] for path in outputs[1:]}
+    two, one = (json.loads(text) for text in ((copy / outputs[0]).read_text(), one_process[outputs[0]]))
+    assert two["test"].pop("loss") == pytest.approx(one["test"].pop("loss"), rel=1e-6)
+    assert two["test"].pop("perplexity") == pytest.approx(one["test"].pop("perplexity"), rel=1e-6)
+    assert two == one
