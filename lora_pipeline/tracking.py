@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import mlflow
 from mlflow import MlflowClient
 
+from lora_pipeline.errors import chain
 from lora_pipeline.outputs import write_json
 
 log = logging.getLogger(__name__)
@@ -94,13 +95,12 @@ def unreachable(exc: BaseException) -> str | None:
     import requests
 
     lost = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError)
-    while exc is not None:
-        if isinstance(exc, lost):
-            inner = exc.args[0] if exc.args else exc
+    for error in chain(exc):
+        if isinstance(error, lost):
+            inner = error.args[0] if error.args else error
             inner = getattr(inner, "reason", inner)  # urllib3's MaxRetryError: the last attempt's error
             text = inner.args[0] if getattr(inner, "args", None) and isinstance(inner.args[0], str) else str(inner)
             return re.sub(r"^<[^>]*>: ", "", text)[:200]
-        exc = exc.__cause__ or exc.__context__
     return None
 
 
