@@ -8,6 +8,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -140,14 +141,19 @@ def read_records() -> list[dict]:
     return records
 
 
-def log_records(client: MlflowClient, run_id: str, records: list[dict]) -> None:
-    """Step records ({step, time, metrics}) as train.step_<name> metrics of the run, at their own step and time."""
+def log_records(client: MlflowClient, run_id: str, records: list[dict],
+                delivered: Callable[[int], None] | None = None) -> None:
+    """Step records ({step, time, metrics}) as train.step_<name> metrics of the run, at their own step and time, a
+    batch at a time; delivered(n), if given, is called after each batch the server took."""
     from mlflow.entities import Metric
 
     for i in range(0, len(records), _RECORDS_PER_BATCH):
+        chunk = records[i:i + _RECORDS_PER_BATCH]
         metrics = [Metric(STEP_PREFIX + key, float(value), r["time"], r["step"])
-                   for r in records[i:i + _RECORDS_PER_BATCH] for key, value in r["metrics"].items()]
+                   for r in chunk for key, value in r["metrics"].items()]
         client.log_batch(run_id, metrics=metrics, synchronous=True)
+        if delivered:
+            delivered(len(chunk))
 
 
 def _missing(exc: Exception) -> bool:
@@ -241,12 +247,12 @@ class LiveRun:
             self._open(client)
         with self._lock:
             pending = self.records[self.state["sent"]:]
-        for i in range(0, len(pending), _RECORDS_PER_BATCH):
-            chunk = pending[i:i + _RECORDS_PER_BATCH]
-            log_records(client, self.state["run_id"], chunk)
-            with self._lock:
-                self.state["sent"] += len(chunk)
-                self._save()
+        log_records(client, self.state["run_id"], pending, self._delivered)
+
+    def _delivered(self, count: int) -> None:
+        with self._lock:
+            self.state["sent"] += count
+            self._save()
 
     def _open(self, client: MlflowClient) -> None:
         run_id, resumed = self.state["run_id"], False
