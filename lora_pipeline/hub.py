@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lora_pipeline.errors import chain
+
 # Weights as safetensors only; the original/ and metal/ folders of gpt-oss are other formats.
 MODEL_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 
@@ -21,15 +23,14 @@ def why_unreachable(exc: BaseException) -> str | None:
     """Why the Hub could not be reached (offline mode, connection refused, timeout), or None for another error."""
     from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
-    while exc is not None:
+    for error in chain(exc):
         # LocalEntryNotFoundError: no connection and no cached copy; datasets raises a builtin ConnectionError
-        if isinstance(exc, (OfflineModeIsEnabled, LocalEntryNotFoundError, ConnectionError, TimeoutError)) or \
-                type(exc).__name__ in ("ConnectError", "ConnectTimeout", "ReadTimeout"):
+        if isinstance(error, (OfflineModeIsEnabled, LocalEntryNotFoundError, ConnectionError, TimeoutError)) or \
+                type(error).__name__ in ("ConnectError", "ConnectTimeout", "ReadTimeout"):
             if offline_mode():
                 return "offline mode is on (HF_HUB_OFFLINE=1) and it is not in the local Hugging Face cache"
-            detail = str(exc.__cause__ or exc).splitlines()[0][:200]
+            detail = str(error.__cause__ or error).splitlines()[0][:200]
             return f"the Hugging Face Hub is unreachable ({detail}) and it is not in the local Hugging Face cache"
-        exc = exc.__cause__ or exc.__context__
     return None
 
 

@@ -5,9 +5,9 @@ import logging
 import re
 import warnings
 
-# transformers 5.24 renames gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs) in v6. train.sft
-# keeps the old names, which transformers 5.17 (the GPU machines) knows and which still work; peft and trl read the
-# model's is_gradient_checkpointing alias on every load.
+# transformers 5.24 (requirements.txt) renames gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs)
+# in v6. train.sft keeps the old names, which 5.24 still accepts; peft and trl read the model's
+# is_gradient_checkpointing alias on every load.
 RENAMED_IN_V6 = (
     ("transformers.training_args", r"`gradient_checkpointing(_kwargs)?` is deprecated and will be removed in v6\. "
                                    r"Use `activation_checkpointing(_kwargs)?` instead\."),

@@ -8,12 +8,14 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import mlflow
 from mlflow import MlflowClient
 
+from lora_pipeline.errors import chain
 from lora_pipeline.outputs import write_json
 
 log = logging.getLogger(__name__)
@@ -94,13 +96,12 @@ def unreachable(exc: BaseException) -> str | None:
     import requests
 
     lost = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError)
-    while exc is not None:
-        if isinstance(exc, lost):
-            inner = exc.args[0] if exc.args else exc
+    for error in chain(exc):
+        if isinstance(error, lost):
+            inner = error.args[0] if error.args else error
             inner = getattr(inner, "reason", inner)  # urllib3's MaxRetryError: the last attempt's error
             text = inner.args[0] if getattr(inner, "args", None) and isinstance(inner.args[0], str) else str(inner)
             return re.sub(r"^<[^>]*>: ", "", text)[:200]
-        exc = exc.__cause__ or exc.__context__
     return None
 
 
@@ -140,14 +141,19 @@ def read_records() -> list[dict]:
     return records
 
 
-def log_records(client: MlflowClient, run_id: str, records: list[dict]) -> None:
-    """Step records ({step, time, metrics}) as train.step_<name> metrics of the run, at their own step and time."""
+def log_records(client: MlflowClient, run_id: str, records: list[dict],
+                delivered: Callable[[int], None] | None = None) -> None:
+    """Step records ({step, time, metrics}) as train.step_<name> metrics of the run, at their own step and time, a
+    batch at a time; delivered(n), if given, is called after each batch the server took."""
     from mlflow.entities import Metric
 
     for i in range(0, len(records), _RECORDS_PER_BATCH):
+        chunk = records[i:i + _RECORDS_PER_BATCH]
         metrics = [Metric(STEP_PREFIX + key, float(value), r["time"], r["step"])
-                   for r in records[i:i + _RECORDS_PER_BATCH] for key, value in r["metrics"].items()]
+                   for r in chunk for key, value in r["metrics"].items()]
         client.log_batch(run_id, metrics=metrics, synchronous=True)
+        if delivered:
+            delivered(len(chunk))
 
 
 def _missing(exc: Exception) -> bool:
@@ -241,12 +247,12 @@ class LiveRun:
             self._open(client)
         with self._lock:
             pending = self.records[self.state["sent"]:]
-        for i in range(0, len(pending), _RECORDS_PER_BATCH):
-            chunk = pending[i:i + _RECORDS_PER_BATCH]
-            log_records(client, self.state["run_id"], chunk)
-            with self._lock:
-                self.state["sent"] += len(chunk)
-                self._save()
+        log_records(client, self.state["run_id"], pending, self._delivered)
+
+    def _delivered(self, count: int) -> None:
+        with self._lock:
+            self.state["sent"] += count
+            self._save()
 
     def _open(self, client: MlflowClient) -> None:
         run_id, resumed = self.state["run_id"], False

@@ -49,8 +49,8 @@ def main():
         merged_model = model.merge_and_unload()
         merged = merged_model(**batch).logits.float()
     mask = batch["attention_mask"].bool()
-    max_diff = (adapted - merged).abs()[mask].max().item()
-    relative = max_diff / adapted.abs()[mask].max().item()
+    compared = compare_logits(adapted, merged, mask)
+    max_diff, relative = compared["max_abs_logit_diff"], compared["relative_logit_diff"]
     if relative > RELATIVE_TOLERANCE[params.model.dtype]:
         raise SystemExit(f"merged logits differ from the adapted model's by {max_diff:.3g} "
                          f"({relative:.3g} relative, tolerance {RELATIVE_TOLERANCE[params.model.dtype]})")
@@ -59,8 +59,7 @@ def main():
         trained = PeftModel.from_pretrained(load_model(BASE, params.model, params.quantization), ADAPTER).eval()
         with torch.no_grad():
             trained_logits = trained(**batch.to(trained.device)).logits.float().to(merged.device)
-        metrics["trained_relative_logit_diff"] = ((trained_logits - merged).abs()[mask].max() /
-                                                  trained_logits.abs()[mask].max()).item()
+        metrics["trained_relative_logit_diff"] = compare_logits(trained_logits, merged, mask)["relative_logit_diff"]
         del trained
 
     staged = staging_dir(MERGED)

@@ -15,19 +15,6 @@ from lora_pipeline.tiny_models import random_gpt_oss
 LANGUAGE_CODES = {name: code for code, name in LANGUAGES.items()}
 
 
-def language_code(name_or_code: str) -> str:
-    """Return the ISO code for a language given as code ("de") or English name ("German", "german")."""
-    if isinstance(name_or_code, str):
-        key = name_or_code.strip()
-        if key.lower() in LANGUAGES:
-            return key.lower()
-        for name, code in LANGUAGE_CODES.items():
-            if name.lower() == key.lower():
-                return code
-    valid = ", ".join(f"{code} ({name})" for code, name in LANGUAGES.items())
-    raise ValueError(f"unknown language {name_or_code!r}; valid: {valid}")
-
-
 def load_rows(data_params) -> tuple[list[dict], dict]:
     """The usable rows of the configured source, and what reading them found (rows in, kept, dropped per reason)."""
     rows, counts, _ = load_data(data_params)

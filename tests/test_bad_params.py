@@ -156,10 +156,6 @@ def test_bad_param_is_refused_naming_key_and_value(changes, key, value):
     assert value in line, f"the line for {key} does not show {value!r}:\n{message}"
 
 
-def test_at_least_25_distinct_keys_are_covered():
-    assert len({param.values[1] for param in BAD}) >= 25
-
-
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ParamsError) as refused:
         validate_all(shipped(**{"eval.languages": ["xx"], "quantization.method": "mxfp4-dequantize",

@@ -151,8 +151,9 @@ def test_bad_row_fails_naming_file_row_and_source_field(tmp_path, monkeypatch, k
     case, bad, _, fragment = BAD[kind]
     rows, _ = good_rows(case)
     data = local(tmp_path, monkeypatch, "rows.jsonl", jsonl(rows[0], rows[1], bad, rows[2]), max_chars=50)
-    with pytest.raises(DataError, match=rf"^data/local/rows\.jsonl row 3: {fragment}"):
+    with pytest.raises(DataError, match=rf"^data/local/rows\.jsonl row 3: {fragment}") as error:
         load_rows(data)
+    assert str(error.value).endswith("data.bad_rows: drop drops and counts such rows")  # the way on
 
 
 @pytest.mark.parametrize("kind", BAD)
@@ -271,8 +272,9 @@ def test_hub_rows_are_converted_and_named_by_their_fields(monkeypatch):
     bad = {"id": 9, "conversations": [{"from": "human", "value": "a"}, {"from": "robot", "value": "b"}]}
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list([rows[0], bad, rows[1]]))
     data = data_params(source="hub", name="org/set", bad_rows="fail", max_chars=0)
-    with pytest.raises(DataError, match=r"^org/set \(train\) row 2: conversations\[1\]\.from: 'robot'"):
+    with pytest.raises(DataError, match=r"^org/set \(train\) row 2: conversations\[1\]\.from: 'robot'") as error:
         load_rows(data)
+    assert str(error.value).endswith("data.bad_rows: drop drops and counts such rows")
     assert load_data(data.model_copy(update={"bad_rows": "drop"}))[::2] == (expected, "sharegpt")
     with pytest.raises(DataError, match=r"^org/set \(train\): no 'instruction', 'output' columns \(columns: id, "):
         load_rows(data.model_copy(update={"format": "alpaca"}))

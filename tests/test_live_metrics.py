@@ -132,3 +132,24 @@ def test_a_resumed_training_goes_on_in_the_same_run(tmp_path, monkeypatch):
 
     third = LiveRun("lora-pipeline", "fingerprint", tmp_path)  # trained again after it finished: a run of its own
     assert third.finish("FINISHED") is None and third.state["run_id"] != run_id
+
+
+def test_records_go_in_batches_and_each_delivered_batch_is_counted():
+    from lora_pipeline.tracking import log_records
+
+    class Client:  # takes two batches, then the server is gone
+        def __init__(self):
+            self.batches = []
+
+        def log_batch(self, run_id, metrics, synchronous):
+            if len(self.batches) == 2:
+                raise ConnectionError("gone")
+            self.batches.append(metrics)
+
+    records = [{"step": s, "time": s, "metrics": {"loss": 1.0, "learning_rate": 0.1}} for s in range(250)]
+    client, delivered = Client(), []
+    with pytest.raises(ConnectionError):
+        log_records(client, "run", records, delivered.append)
+    assert delivered == [100, 100]  # what the server took before it failed, and no more
+    assert [len(b) for b in client.batches] == [200, 200]
+    assert client.batches[1][0].key == "train.step_loss" and client.batches[1][0].step == 100

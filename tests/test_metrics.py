@@ -49,3 +49,18 @@ def test_mgsm_missing_language_names_the_file():
         mgsm_files(MGSM, ["de", "it"])
     with pytest.raises(FileNotFoundError, match="not a folder"):
         mgsm_files(MGSM / "nope", ["de"])
+
+
+def test_compare_logits_over_the_masked_positions():
+    import torch
+
+    from lora_pipeline.metrics import compare_logits
+
+    reference = torch.tensor([[[1.0, -4.0], [2.0, 0.0]], [[100.0, 0.0], [0.5, 0.25]]])
+    other = reference + torch.tensor([[[0.5, 0.0], [0.0, -1.0]], [[50.0, 0.0], [0.0, 0.5]]])
+    mask = torch.tensor([[1, 1], [0, 1]])  # the padded position (|reference| 100, difference 50) does not count
+    compared = compare_logits(reference, other, mask)
+    assert compared["max_abs_logit_diff"] == 1.0
+    assert compared["relative_logit_diff"] == 1.0 / 4.0
+    assert compared["mean_abs_logit_diff"] == pytest.approx(2.0 / 6)
+    assert compared["top1_agreement"] == pytest.approx(2 / 3)  # the last position's top token changes
