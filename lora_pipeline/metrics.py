@@ -11,6 +11,7 @@ import torch
 
 from lora_pipeline.distributed import gather, process_group
 from lora_pipeline.languages import LANGUAGE_NAMES
+from lora_pipeline.stage_outputs import METRICS
 
 _identifier = None
 
@@ -153,8 +154,9 @@ def check_eval(ev) -> None:
 
 def check_register(register) -> None:
     stage = register.gate_metric.split(".")[0]
-    if stage not in ("train", "merge", "eval"):
-        raise ValueError(f"register.gate_metric '{register.gate_metric}' must start with train., merge. or eval. "
+    if stage not in METRICS:
+        *first, last = [f"{prefix}." for prefix in METRICS]
+        raise ValueError(f"register.gate_metric '{register.gate_metric}' must start with {', '.join(first)} or {last} "
                          "(the metrics file it comes from)")
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from lora_pipeline import stage_outputs
 from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.data import read_jsonl, write_jsonl
 from lora_pipeline.distributed import launch_state, process_group
@@ -28,7 +29,7 @@ from lora_pipeline.report import plot_report, write_compliance
 TEST, LOSS_LOG, REPORTS = Path("data/split/test.jsonl"), Path("plots/train_loss.csv"), Path("reports")
 # What each model's evaluation reads and writes.
 MODELS = {
-    "finetuned": {"stage": "evaluate", "model": Path("models/merged"), "metrics": Path("metrics/eval.json"),
+    "finetuned": {"stage": "evaluate", "model": Path("models/merged"), "metrics": stage_outputs.METRICS["eval"],
                   "generations": REPORTS / "generations.jsonl", "compliance": Path("plots/compliance/finetuned.csv"),
                   "speed": Path("logs/evaluate.json")},
     "base": {"stage": "evaluate_base", "model": Path("models/base"), "metrics": Path("metrics/eval_base.json"),
