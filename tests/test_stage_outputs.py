@@ -1,8 +1,9 @@
-"""lora_pipeline.stage_outputs agrees with dvc.yaml, the pipeline's own record of what each stage writes."""
+"""lora_pipeline.stage_outputs agrees with dvc.yaml, the pipeline's own record of what each stage writes, and with
+trl.SFTConfig."""
 import yaml
 
 from conftest import ROOT
-from lora_pipeline.stage_outputs import METRICS, WRITTEN_BY
+from lora_pipeline.stage_outputs import METRICS, STAGE_OWNED_SFT_FIELDS, WRITTEN_BY, train_sft_args
 
 DVC_STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
@@ -29,3 +30,10 @@ def test_no_other_stage_writes_them():
 def test_register_depends_on_exactly_the_metrics_files_it_logs():
     deps = [dep for dep in paths(DVC_STAGES["register"]["deps"]) if dep.startswith("metrics/")]
     assert sorted(deps) == sorted(path.as_posix() for path in METRICS.values())
+
+
+def test_the_sft_fields_train_sets_are_sftconfig_fields():
+    from lora_pipeline.checks import library_fields
+
+    assert STAGE_OWNED_SFT_FIELDS == set(train_sft_args(ROOT / "models/adapter", 10, True))
+    assert STAGE_OWNED_SFT_FIELDS <= set(library_fields()["trl.SFTConfig"])
