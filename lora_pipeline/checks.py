@@ -16,6 +16,7 @@ from lora_pipeline.launch import check_eval_launch, check_machine, distributed_t
 from lora_pipeline.metrics import check_eval, check_gate_metric, check_register
 from lora_pipeline.modeling import check_model
 from lora_pipeline.params import ROOT, Params, ParamsError, for_stage, validate
+from lora_pipeline.stage_outputs import STAGE_OWNED_SFT_FIELDS
 
 
 def validate_all(raw: dict, root: Path = ROOT) -> Params:
@@ -53,11 +54,6 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
         lines = [line for problem in problems for line in problem.splitlines()]
         raise ParamsError("params.yaml is invalid:\n" + "\n".join(f"  {line}" for line in lines))
     return view
-
-
-# Fields the train stage sets itself: a value in params.yaml would be overridden, so it is refused.
-STAGE_OWNED_SFT_FIELDS = {"output_dir", "save_strategy", "save_steps", "save_total_limit", "report_to", "use_cpu",
-                          "include_num_input_tokens_seen", "dataloader_num_workers"}
 
 
 # What LoRA papers and other tools call the fields that peft names otherwise.

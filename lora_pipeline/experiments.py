@@ -17,12 +17,15 @@ from rich.table import Table
 from rich.text import Text
 
 from lora_pipeline.params import flat_keys
+from lora_pipeline.stage_outputs import METRICS
 
+# The metrics files as `dvc exp show` names them, by the prefix of register.gate_metric.
+FILES = {prefix: path.as_posix() for prefix, path in METRICS.items()}
 # (header, metrics file, dotted key): what a user decides an experiment by.
-COLUMNS = [("loss", "metrics/eval.json", "test.loss"), ("comp", "metrics/eval.json", "compliance.overall"),
-           ("final", "metrics/eval.json", "final_language_rate"),
-           ("mgsm", "metrics/eval.json", "accuracy.mgsm.overall"),
-           ("merge", "metrics/merge.json", "relative_logit_diff")]
+COLUMNS = [("loss", FILES["eval"], "test.loss"), ("comp", FILES["eval"], "compliance.overall"),
+           ("final", FILES["eval"], "final_language_rate"),
+           ("mgsm", FILES["eval"], "accuracy.mgsm.overall"),
+           ("merge", FILES["merge"], "relative_logit_diff")]
 LANGUAGE_PREFIX = "compliance."
 WIDTH = 120
 ABSENT = object()  # a key that one side's params.yaml does not have
@@ -78,15 +81,14 @@ def compact(value) -> str:
 def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
     """Rows sorted by the gate metric (best first), in at most WIDTH columns; a row's changed params, one per line,
     fill the last column, wrapped but never cut."""
-    gate_file = {"train": "metrics/train.json", "merge": "metrics/merge.json", "eval": "metrics/eval.json"}
     stage, _, key = gate.partition(".")
-    value = lambda r: r["metrics"].get(gate_file.get(stage, ""), {}).get(key)  # noqa: E731
+    value = lambda r: r["metrics"].get(FILES.get(stage, ""), {}).get(key)  # noqa: E731
     missing = float("-inf") if greater_is_better else float("inf")
     rows = sorted(rows, key=lambda r: value(r) if isinstance(value(r), (int, float)) else missing,
                   reverse=greater_is_better)
-    languages = sorted({k[len(LANGUAGE_PREFIX):] for r in rows for k in r["metrics"].get("metrics/eval.json", {})
+    languages = sorted({k[len(LANGUAGE_PREFIX):] for r in rows for k in r["metrics"].get(FILES["eval"], {})
                         if k.startswith(LANGUAGE_PREFIX) and k != "compliance.overall"})
-    columns = COLUMNS[:2] + [(lang, "metrics/eval.json", LANGUAGE_PREFIX + lang) for lang in languages] + COLUMNS[2:]
+    columns = COLUMNS[:2] + [(lang, FILES["eval"], LANGUAGE_PREFIX + lang) for lang in languages] + COLUMNS[2:]
 
     def cell(r, file, key):
         v = r["metrics"].get(file, {}).get(key)

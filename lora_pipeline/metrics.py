@@ -11,6 +11,8 @@ import torch
 
 from lora_pipeline.distributed import gather, process_group
 from lora_pipeline.languages import LANGUAGE_NAMES
+from lora_pipeline.params import flat_keys
+from lora_pipeline.stage_outputs import METRICS
 
 _identifier = None
 
@@ -125,6 +127,11 @@ def heldout_loss(model, tokenizer, conversations: list[list[dict]], max_length: 
     for _, batch_total, batch_count in sorted(gather(sums)):
         total += batch_total
         count += batch_count
+    return loss_figures(total, count)
+
+
+def loss_figures(total: float, count: int) -> dict:
+    """The held-out loss figures from the summed loss over `count` tokens."""
     loss = total / max(count, 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": count}
 
@@ -154,18 +161,49 @@ def check_eval(ev) -> None:
 
 def check_register(register) -> None:
     stage = register.gate_metric.split(".")[0]
-    if stage not in ("train", "merge", "eval"):
-        raise ValueError(f"register.gate_metric '{register.gate_metric}' must start with train., merge. or eval. "
+    if stage not in METRICS:
+        *first, last = [f"{prefix}." for prefix in METRICS]
+        raise ValueError(f"register.gate_metric '{register.gate_metric}' must start with {', '.join(first)} or {last} "
                          "(the metrics file it comes from)")
 
 
+def eval_figures(languages: list[str], loss: dict, heldout: list[dict], mgsm: dict[str, list[bool]],
+                 demo_reasoning: str | None) -> dict:
+    """One model's figures in metrics/eval.json, as evaluate writes them: from the held-out loss (loss_figures), the
+    generation records of the held-out questions (each asked once per language of `languages`), whether each MGSM
+    answer was right, per language, and the detected language of the demo's reasoning."""
+    questions = len(heldout) // len(languages)
+    compliance = {lang: sum(r["reasoning_detected"] == lang for r in heldout if r["reasoning_language"] == lang)
+                  / questions for lang in languages}
+    compliance["overall"] = sum(r["reasoning_detected"] == r["reasoning_language"] for r in heldout) / len(heldout)
+    figures = {"test": loss, "compliance": compliance}
+    with_user_lang = [r for r in heldout if "user_language" in r]
+    if with_user_lang:
+        figures["final_language_rate"] = (sum(r["final_detected"] == r["user_language"] for r in with_user_lang)
+                                          / len(with_user_lang))
+    with_answer = [r for r in heldout if "correct" in r]
+    if with_answer:
+        figures["accuracy"] = {"builtin": sum(r["correct"] for r in with_answer) / len(with_answer)}
+    if mgsm:
+        per_lang = {lang: sum(correct) / len(correct) for lang, correct in mgsm.items()}
+        per_lang["overall"] = sum(per_lang.values()) / len(per_lang)
+        figures.setdefault("accuracy", {})["mgsm"] = per_lang
+    figures["demo_reasoning_is_german"] = int(demo_reasoning == "de")
+    return figures
+
+
+# Figures of metrics/eval.json that register.gate_metric may not name: a count and the demo's check.
+NOT_GATES = {"test.tokens", "demo_reasoning_is_german"}
+
+
 def eval_metric_keys(ev) -> list[str]:
-    """The figures of the fine-tuned model that stages/evaluate.py writes to metrics/eval.json for these params."""
-    keys = ["test.loss", "test.perplexity", "compliance.overall", *(f"compliance.{lang}" for lang in ev.languages),
-            "final_language_rate", "accuracy.builtin"]
-    if ev.mgsm.path:
-        keys += ["accuracy.mgsm.overall", *(f"accuracy.mgsm.{lang}" for lang in ev.mgsm.languages)]
-    return keys
+    """The figures of the fine-tuned model that evaluate writes to metrics/eval.json for these params (those of
+    held-out rows with a user language and an answer too), less NOT_GATES."""
+    heldout = [{"reasoning_language": lang, "reasoning_detected": lang, "user_language": lang, "final_detected": lang,
+                "correct": True} for lang in ev.languages]
+    mgsm = {lang: [True] for lang in ev.mgsm.languages} if ev.mgsm.path else {}
+    figures = flat_keys(eval_figures(ev.languages, loss_figures(0.0, 0), heldout, mgsm, None))
+    return [key for key in figures if key not in NOT_GATES]
 
 
 def check_gate_metric(register, ev) -> None:

@@ -16,6 +16,7 @@ from trl import SFTConfig, SFTTrainer
 from lora_pipeline.checkpoints import write_manifest
 from lora_pipeline.modeling import (BITSANDBYTES, apply_liger, load_model, load_tokenizer, lora_config,
                                    training_device_map)
+from lora_pipeline.stage_outputs import train_sft_args
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +37,7 @@ def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTCon
     # Non-reentrant checkpointing (what LoRA over a frozen base needs); every_n_layers and offload pass through
     sft["gradient_checkpointing_kwargs"] = ({"use_reentrant": False, **sft.get("gradient_checkpointing_kwargs", {})}
                                             if sft["gradient_checkpointing"] else None)
-    args = SFTConfig(
-        output_dir=str(output_dir),
-        **sft,
-        use_cpu=not on_gpu,  # with a MULTI_GPU launch on a CPU this makes the processes one DDP group over gloo
-        save_strategy="steps" if checkpoint_steps else "no",
-        save_steps=checkpoint_steps or 500,
-        save_total_limit=2,  # the newest complete checkpoint survives a kill while the next one is written
-        report_to="none",  # rank 0's LiveMetrics sends the per-step figures to MLflow (see lora_pipeline.tracking)
-        include_num_input_tokens_seen="non_padding",
-        dataloader_num_workers=0,
-    )
+    args = SFTConfig(**sft, **train_sft_args(output_dir, checkpoint_steps, on_gpu))
     levers = {"padding_free": padding_free_rows or args.padding_free, "packing": args.packing,
               "torch_compile": args.torch_compile, "gradient_checkpointing": args.gradient_checkpointing,
               "checkpointing_kwargs": args.gradient_checkpointing_kwargs,

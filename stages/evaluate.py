@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
+from lora_pipeline import stage_outputs
 from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.data import read_jsonl, write_jsonl
 from lora_pipeline.distributed import launch_state, process_group
 from lora_pipeline.generation import generate, use_for_generation
 from lora_pipeline.languages import LANGUAGE_NAMES
-from lora_pipeline.metrics import answer_correct, check_eval, detect_language, heldout_loss, read_mgsm
+from lora_pipeline.metrics import answer_correct, check_eval, detect_language, eval_figures, heldout_loss, read_mgsm
 from lora_pipeline.modeling import experts_implementation, load_model, load_tokenizer
 from lora_pipeline.outputs import write_json, write_text
 from lora_pipeline.params import load_params
@@ -28,7 +29,7 @@ from lora_pipeline.report import plot_report, write_compliance
 TEST, LOSS_LOG, REPORTS = Path("data/split/test.jsonl"), Path("plots/train_loss.csv"), Path("reports")
 # What each model's evaluation reads and writes.
 MODELS = {
-    "finetuned": {"stage": "evaluate", "model": Path("models/merged"), "metrics": Path("metrics/eval.json"),
+    "finetuned": {"stage": "evaluate", "model": Path("models/merged"), "metrics": stage_outputs.METRICS["eval"],
                   "generations": REPORTS / "generations.jsonl", "compliance": Path("plots/compliance/finetuned.csv"),
                   "speed": Path("logs/evaluate.json")},
     "base": {"stage": "evaluate_base", "model": Path("models/base"), "metrics": Path("metrics/eval_base.json"),
@@ -47,7 +48,7 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     """Every measure for one model (the `eval` params `ev`; held-out conversations for the loss, test rows to ask);
     returns (metrics, generation records, timings and the implementations that ran)."""
     started = time.perf_counter()
-    metrics = {"test": heldout_loss(model, tokenizer, heldout, max_length=2048, batch_size=ev.batch_size)}
+    loss = heldout_loss(model, tokenizer, heldout, max_length=2048, batch_size=ev.batch_size)
     timings = {"loss_seconds": time.perf_counter() - started, "loss_attention": model.config._attn_implementation,
                "loss_experts": experts_implementation(model), "generation_implementations": use_for_generation(model)}
 
@@ -73,30 +74,15 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
         if "answer" in row:
             record["correct"] = answer_correct(final, row["answer"])
         records.append(record)
-    compliance = {lang: sum(r["reasoning_detected"] == lang for r in records if r["reasoning_language"] == lang)
-                  / len(questions) for lang in ev.languages}
-    compliance["overall"] = sum(r["reasoning_detected"] == r["reasoning_language"] for r in records) / len(records)
-    metrics["compliance"] = compliance
-    with_user_lang = [r for r in records if "user_language" in r]
-    if with_user_lang:
-        metrics["final_language_rate"] = sum(r["final_detected"] == r["user_language"] for r in with_user_lang) / len(with_user_lang)
-    with_answer = [r for r in records if "correct" in r]
-    if with_answer:
-        metrics["accuracy"] = {"builtin": sum(r["correct"] for r in with_answer) / len(with_answer)}
-
-    if mgsm:
-        per_lang = {}
-        for lang, rows in mgsm.items():
-            texts = [next(outputs) for _ in rows]
-            correct = [answer_correct(split_reasoning(t)[1], r["answer"]) for r, t in zip(rows, texts)]
-            per_lang[lang] = sum(correct) / len(correct)
-            records += [{"set": f"mgsm_{lang}", "question": r["question"], "answer": r["answer"], "generated": t,
-                         "correct": c} for r, t, c in zip(rows, texts, correct)]
-        per_lang["overall"] = sum(per_lang.values()) / len(per_lang)
-        metrics.setdefault("accuracy", {})["mgsm"] = per_lang
+    heldout_records, mgsm_correct = list(records), {}
+    for lang, rows in mgsm.items():
+        texts = [next(outputs) for _ in rows]
+        mgsm_correct[lang] = [answer_correct(split_reasoning(t)[1], r["answer"]) for r, t in zip(rows, texts)]
+        records += [{"set": f"mgsm_{lang}", "question": r["question"], "answer": r["answer"], "generated": t,
+                     "correct": c} for r, t, c in zip(rows, texts, mgsm_correct[lang])]
 
     demo = next(outputs)
-    metrics["demo_reasoning_is_german"] = int(detect_language(split_reasoning(demo)[0]) == "de")
+    metrics = eval_figures(ev.languages, loss, heldout_records, mgsm_correct, detect_language(split_reasoning(demo)[0]))
     records.append({"set": "demo", "generated": demo})
     return metrics, records, timings
 

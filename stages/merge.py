@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from peft import PeftModel
 
+from lora_pipeline import stage_outputs
 from lora_pipeline.chat import conversation
 from lora_pipeline.data import read_jsonl
 from lora_pipeline.metrics import compare_logits
@@ -23,7 +24,7 @@ from lora_pipeline.outputs import replace_dir, staging_dir, write_json
 from lora_pipeline.params import load_params
 
 BASE, ADAPTER, MERGED = Path("models/base"), Path("models/adapter"), Path("models/merged")
-TEST, METRICS = Path("data/split/test.jsonl"), Path("metrics/merge.json")
+TEST, METRICS = Path("data/split/test.jsonl"), stage_outputs.METRICS["merge"]
 # Largest |merged - adapted| logit difference allowed, relative to the largest |logit|: merging changes
 # only rounding, which is ~1e-7 in float32 and ~1e-3..1e-2 in 16-bit formats.
 RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}

@@ -28,8 +28,8 @@ from mlflow import MlflowClient
 from lora_pipeline import registry, tracking
 from lora_pipeline.outputs import write_json
 from lora_pipeline.params import ROOT, flat_keys, load_params
+from lora_pipeline.stage_outputs import METRICS
 
-METRICS = {"train": Path("metrics/train.json"), "merge": Path("metrics/merge.json"), "eval": Path("metrics/eval.json")}
 LOSS_LOG, ARTIFACTS = Path("plots/train_loss.csv"), [Path("reports/demo.txt"), Path("reports/report.png")]
 SPEED = Path("logs/train_speed.json")  # timings of the train stage: logged when present, never a DVC dependency
 OUT, ADAPTER = Path("models/registered.json"), Path("models/adapter")

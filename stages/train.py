@@ -22,7 +22,7 @@ import torch
 from accelerate.utils import broadcast_object_list
 from datasets import Dataset
 
-from lora_pipeline import cpu_numerics
+from lora_pipeline import cpu_numerics, stage_outputs
 from lora_pipeline.chat import conversation
 from lora_pipeline.checkpoints import clear_run, content_hash, hold_run_lock, last_complete, run_dir, run_fingerprint
 from lora_pipeline.data import read_jsonl
@@ -31,7 +31,7 @@ from lora_pipeline.params import ROOT, load_params
 from lora_pipeline.training import LiveMetrics, StopOnSignal, WriteManifest, build_trainer, save_adapter
 
 BASE, TRAIN, ADAPTER = Path("models/base"), Path("data/split/train.jsonl"), Path("models/adapter")
-METRICS, LOSS_LOG, SPEED = Path("metrics/train.json"), Path("plots/train_loss.csv"), Path("logs/train_speed.json")
+METRICS, LOSS_LOG, SPEED = stage_outputs.METRICS["train"], Path("plots/train_loss.csv"), Path("logs/train_speed.json")
 
 
 def main():

@@ -1,10 +1,18 @@
-"""Answer extraction, language identification and MGSM reading, on real multilingual text."""
+"""Answer extraction, language identification and MGSM reading, on real multilingual text; the figures evaluate
+writes and those the gate may name."""
 import json
+import math
+import os
+from types import SimpleNamespace
+from unittest.mock import patch
 
 import pytest
+import yaml
 
-from conftest import MGSM
-from lora_pipeline.metrics import answer_correct, detect_language, last_number, mgsm_files, read_mgsm
+from conftest import MGSM, ROOT
+from lora_pipeline.metrics import (NOT_GATES, answer_correct, detect_language, eval_figures, eval_metric_keys,
+                                   last_number, loss_figures, mgsm_files, read_mgsm)
+from lora_pipeline.params import Eval, flat_keys
 
 needs_mgsm = pytest.mark.skipif(not MGSM.is_dir(), reason=f"MGSM not at {MGSM}")
 
@@ -64,3 +72,36 @@ def test_compare_logits_over_the_masked_positions():
     assert compared["relative_logit_diff"] == 1.0 / 4.0
     assert compared["mean_abs_logit_diff"] == pytest.approx(2.0 / 6)
     assert compared["top1_agreement"] == pytest.approx(2 / 3)  # the last position's top token changes
+
+
+def test_eval_figures_from_the_records():
+    heldout = [{"reasoning_language": lang, "reasoning_detected": detected, "final_detected": "en",
+                "user_language": "en", "correct": correct}
+               for lang, detected, correct in [("en", "en", True), ("de", "en", False), ("en", "en", True),
+                                               ("de", "de", True)]]
+    figures = eval_figures(["en", "de"], loss_figures(6.0, 3), heldout, {"en": [True, False], "de": [True]}, "de")
+    assert figures == {"test": {"loss": 2.0, "perplexity": math.exp(2.0), "tokens": 3},
+                       "compliance": {"en": 1.0, "de": 0.5, "overall": 0.75}, "final_language_rate": 1.0,
+                       "accuracy": {"builtin": 0.75, "mgsm": {"en": 0.5, "de": 1.0, "overall": 0.75}},
+                       "demo_reasoning_is_german": 1}
+    assert list(figures["compliance"]) == ["en", "de", "overall"]  # the order of plots/compliance/*.csv
+
+
+def test_the_gate_figures_are_those_evaluate_writes(monkeypatch):
+    """evaluate's metrics, with MGSM and rows that have a user language and an answer, are eval_metric_keys and
+    NOT_GATES: a figure added to evaluate is one the gate can name."""
+    with patch.dict(os.environ):  # importing the stages pins the CPU numerics in os.environ
+        from stages import evaluate
+    ev = Eval.model_validate({**yaml.safe_load((ROOT / "params.yaml").read_text())["eval"],
+                              "mgsm": {"path": "hub", "languages": ["de", "fr"], "limit": 2}})
+    monkeypatch.setattr(evaluate, "heldout_loss", lambda *args, **kwargs: loss_figures(1.0, 4))
+    monkeypatch.setattr(evaluate, "experts_implementation", lambda model: None)
+    monkeypatch.setattr(evaluate, "use_for_generation", lambda model: {})
+    monkeypatch.setattr(evaluate, "read_mgsm", lambda path, lang, limit: [{"question": "2+5?", "answer": 7.0}] * limit)
+    monkeypatch.setattr(evaluate, "generate", lambda model, tokenizer, conversations, *args: ["7"] * len(conversations))
+    monkeypatch.setattr(evaluate, "detect_language", lambda text: "en")
+    model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
+    questions = [{"messages": [{"role": "user", "content": "2+5?"}], "user_language": "en", "answer": 7}] * 3
+    metrics, _, _ = evaluate.evaluate(model, None, ev, [], questions)
+    gates = set(eval_metric_keys(ev))
+    assert set(flat_keys(metrics)) == gates | NOT_GATES and not gates & NOT_GATES

@@ -120,6 +120,12 @@ def test_stage_view_refuses_undeclared_keys():
         split.lora.r
 
 
+@pytest.mark.parametrize("stage, section", [("evaluate_base", "eval"), ("evaluate", "eval"), ("register", "register")])
+def test_a_stage_that_reads_a_whole_section_declares_it_whole(stage, section):
+    assert section in declared_params(stage)
+    assert getattr(load_params(stage), section).dump() == shipped()[section]
+
+
 def test_dump_needs_every_leaf_declared(tmp_path):
     (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())

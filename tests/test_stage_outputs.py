@@ -1,0 +1,39 @@
+"""lora_pipeline.stage_outputs agrees with dvc.yaml, the pipeline's own record of what each stage writes, and with
+trl.SFTConfig."""
+import yaml
+
+from conftest import ROOT
+from lora_pipeline.stage_outputs import METRICS, STAGE_OWNED_SFT_FIELDS, WRITTEN_BY, train_sft_args
+
+DVC_STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+def paths(entries) -> list[str]:
+    """The paths of a dvc.yaml list of deps, outs or metrics (a path, or {path: options})."""
+    return [entry if isinstance(entry, str) else next(iter(entry)) for entry in entries or []]
+
+
+def test_each_metrics_file_is_one_its_stage_writes():
+    assert WRITTEN_BY.keys() == METRICS.keys()
+    for prefix, path in METRICS.items():
+        stage = DVC_STAGES[WRITTEN_BY[prefix]]
+        assert path.as_posix() in paths(stage.get("metrics")) + paths(stage.get("outs")), (prefix, path)
+
+
+def test_no_other_stage_writes_them():
+    for name, stage in DVC_STAGES.items():
+        written = paths(stage.get("metrics")) + paths(stage.get("outs"))
+        assert {prefix for prefix, path in METRICS.items() if path.as_posix() in written} <= \
+            {prefix for prefix, writer in WRITTEN_BY.items() if writer == name}, name
+
+
+def test_register_depends_on_exactly_the_metrics_files_it_logs():
+    deps = [dep for dep in paths(DVC_STAGES["register"]["deps"]) if dep.startswith("metrics/")]
+    assert sorted(deps) == sorted(path.as_posix() for path in METRICS.values())
+
+
+def test_the_sft_fields_train_sets_are_sftconfig_fields():
+    from lora_pipeline.checks import library_fields
+
+    assert STAGE_OWNED_SFT_FIELDS == set(train_sft_args(ROOT / "models/adapter", 10, True))
+    assert STAGE_OWNED_SFT_FIELDS <= set(library_fields()["trl.SFTConfig"])
