@@ -244,13 +244,14 @@ def pretrain(model, tokenizer, texts: list[str], steps: int, seed: int, batch_si
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=learning_rate, total_steps=steps, pct_start=0.1)
-    texts = cut_to_tokens(texts, tokenizer, max_length)
+    # Each text tokenized once (cut first, so a long one costs what an ordinary one does); batches are padded copies.
+    encoded = tokenizer([text + tokenizer.eos_token for text in cut_to_tokens(texts, tokenizer, max_length)],
+                        truncation=True, max_length=max_length)["input_ids"]
     model.train()
     losses = []
     for _ in range(steps):
-        idx = torch.randint(len(texts), (batch_size,), generator=generator).tolist()
-        batch = tokenizer([texts[i] + tokenizer.eos_token for i in idx], return_tensors="pt", padding=True,
-                          truncation=True, max_length=max_length)
+        idx = torch.randint(len(encoded), (batch_size,), generator=generator).tolist()
+        batch = tokenizer.pad({"input_ids": [encoded[i] for i in idx]}, return_tensors="pt")
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
         loss = model(**batch, labels=labels).loss
         loss.backward()

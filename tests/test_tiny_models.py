@@ -1,9 +1,13 @@
-"""The tiny base's pretraining texts: a long row is cut before it is tokenized, to the same first tokens."""
+"""The tiny base's pretraining texts: a long row is cut before it is tokenized, to the same first tokens, and each
+text is tokenized once."""
+from types import SimpleNamespace
+
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from lora_pipeline import builtin_data
-from lora_pipeline.tiny_models import cut_to_tokens, pretraining_corpus, tokenizer_corpus, train_tokenizer
+from lora_pipeline.tiny_models import cut_to_tokens, pretrain, pretraining_corpus, tokenizer_corpus, train_tokenizer
 
 ROWS = builtin_data.generate(300, seed=4)
 MAX_LENGTH = 128  # what pretrain cuts each text to
@@ -37,3 +41,37 @@ def test_a_long_text_is_cut_to_the_same_first_tokens(tokenizer, long_text):
     assert len(cut) < 10_000 < len(long_text)
     assert first_tokens(tokenizer, [cut]) == first_tokens(tokenizer, [long_text])
     assert len(first_tokens(tokenizer, [cut])[0]) == MAX_LENGTH
+
+
+class CountingTokenizer:
+    """The tokenizer, counting the characters it is asked to tokenize."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.characters = tokenizer, 0
+
+    def __call__(self, texts, **kwargs):
+        self.characters += sum(len(text) for text in texts)
+        return self.tokenizer(texts, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+class Embedding(torch.nn.Module):
+    """A stand-in model: pretrain needs only a loss that backpropagates."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, 4)
+
+    def forward(self, input_ids, attention_mask, labels):
+        return SimpleNamespace(loss=self.embed(input_ids).pow(2).mean())
+
+
+def test_pretraining_tokenizes_each_text_once_and_a_long_one_only_to_its_cut(tokenizer):
+    texts = pretraining_corpus(ROWS[:20]) + ["Zahl" + "7" * 300_000]
+    counting = CountingTokenizer(tokenizer)
+    losses = pretrain(Embedding(len(tokenizer)), counting, texts, steps=30, seed=0, max_length=MAX_LENGTH)
+    assert len(losses) == 30
+    cut = cut_to_tokens(texts, tokenizer, MAX_LENGTH)
+    assert counting.characters == sum(len(text + tokenizer.eos_token) for text in cut)  # 30 batches of 32, once each
