@@ -238,17 +238,6 @@ def messages_key(messages: list[dict]) -> str:
     return json.dumps([{**m, "thinking": m.get("thinking")} for m in messages], sort_keys=True, ensure_ascii=False)
 
 
-def write_jsonl(rows: list[dict], path: Path) -> None:
-    from lora_pipeline.outputs import write_text
-
-    write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def split_rows(rows: list[dict], test_size: float, seed: int) -> tuple[list[dict], list[dict]]:
     """Shuffle with `seed`, then cut off the test part: a fraction if test_size < 1, else a row count."""
     import random

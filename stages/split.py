@@ -7,7 +7,8 @@ naming the keys, before it writes anything: its outputs (persist in dvc.yaml) st
 import sys
 from pathlib import Path
 
-from lora_pipeline.data import DataError, read_jsonl, remove_test_prompts, split_problem, split_rows, write_jsonl
+from lora_pipeline.data import DataError, remove_test_prompts, split_problem, split_rows
+from lora_pipeline.jsonl import read_jsonl, write_jsonl
 from lora_pipeline.outputs import write_json
 from lora_pipeline.params import load_params
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from conftest import ROOT
 from lora_pipeline import builtin_data
 from helpers import load_rows
-from lora_pipeline.data import (DataError, SourceRow, clean_rows, prompt_key, read_jsonl, read_local, remove_test_prompts,
-                                split_rows, write_jsonl)
+from lora_pipeline.data import DataError, SourceRow, clean_rows, prompt_key, read_local, remove_test_prompts, split_rows
+from lora_pipeline.jsonl import read_jsonl, write_jsonl
 from lora_pipeline.params import Data
 from lora_pipeline.rows import row_problem
 
