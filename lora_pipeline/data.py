@@ -1,4 +1,4 @@
-"""Reading data sets (built-in, Hugging Face Hub, local files) as checked rows, and the seeded train/test split."""
+"""Reading data sets (built-in, Hugging Face Hub, local files) as checked rows; what validate checks of the data."""
 from __future__ import annotations
 
 import csv
@@ -10,14 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lora_pipeline.formats import Converter, FormatError, Rename, check_format
-from lora_pipeline.rows import Problem, conversation_chars, row_problem
+from lora_pipeline.rows import DataError, Problem, conversation_chars, messages_key, row_problem
+from lora_pipeline.splitting import split_problem
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
-
-
-class DataError(ValueError):
-    """The data cannot be used; the message names the file, the row or line, and the field."""
 
 
 @dataclass
@@ -231,62 +228,6 @@ def _problem(source_row: SourceRow, max_chars: int, first_seen: dict) -> Problem
         return Problem("duplicate", f"messages: the same conversation as row {first_seen[key]}")
     first_seen[key] = source_row.number
     return None
-
-
-def messages_key(messages: list[dict]) -> str:
-    """Messages as canonical JSON (a missing `thinking` and a null one are the same)."""
-    return json.dumps([{**m, "thinking": m.get("thinking")} for m in messages], sort_keys=True, ensure_ascii=False)
-
-
-def split_rows(rows: list[dict], test_size: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Shuffle with `seed`, then cut off the test part: a fraction if test_size < 1, else a row count."""
-    import random
-
-    if problem := split_problem(len(rows), test_size):
-        raise ValueError(problem)
-    n_test = held_out(len(rows), test_size)
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
-    test_idx = set(order[:n_test])
-    train = [rows[i] for i in order if i not in test_idx]
-    test = [rows[i] for i in order[:n_test]]
-    return train, test
-
-
-def prompt_key(row: dict) -> str:
-    """What a model is asked in a row: every message before its last assistant turn, as canonical JSON."""
-    messages = row["messages"]
-    last_assistant = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    return messages_key(messages[:last_assistant])
-
-
-def remove_test_prompts(train: list[dict], test: list[dict]) -> tuple[list[dict], int]:
-    """Train rows that ask what a test row asks leak the test answer: (train without them, how many went)."""
-    test_prompts = {prompt_key(row) for row in test}
-    kept = [row for row in train if prompt_key(row) not in test_prompts]
-    if not kept:
-        raise DataError(f"every one of {len(train)} train rows asks what a test row asks; a smaller "
-                        "split.test_size leaves more rows to train, or the data needs more distinct questions")
-    return kept, len(train) - len(kept)
-
-
-# A held-out figure (loss, compliance) from one row is a single sample, not an average: two rows is the least.
-MIN_TEST_ROWS = 2
-
-
-def held_out(rows: int, test_size: float) -> int:
-    return round(rows * test_size) if test_size < 1 else int(test_size)
-
-
-def split_problem(rows: int, test_size: float, of: str = "") -> str | None:
-    """The split's one rule, which validate applies to the most rows fetch can yield (`of` says what bounds them)
-    and split to the rows fetched: at least MIN_TEST_ROWS test rows and one to train. None where it holds."""
-    n_test = held_out(rows, test_size)
-    if MIN_TEST_ROWS <= n_test < rows:
-        return None
-    return (f"split.test_size: {test_size:g} leaves {n_test} test and {max(rows - n_test, 0)} train rows of "
-            f"{of or rows}; allowed: a fraction below 1 "
-            f"or a whole row count that leaves at least {MIN_TEST_ROWS} test rows and one to train")
 
 
 def local_rows(path: Path) -> int | None:
