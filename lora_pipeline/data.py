@@ -1,20 +1,16 @@
-"""Reading data sets (built-in, Hugging Face Hub, local files) as checked rows; what validate checks of the data."""
+"""Reading data sets (built-in, Hugging Face Hub, local files) as checked rows."""
 from __future__ import annotations
 
 import csv
 import io
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from lora_pipeline.formats import Converter, FormatError, Rename, check_format
+from lora_pipeline.local_data import check_data
 from lora_pipeline.rows import DataError, Problem, conversation_chars, messages_key, row_problem
-from lora_pipeline.splitting import split_problem
-
-LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
-LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
 
 
 @dataclass
@@ -73,19 +69,6 @@ def read_source(data_params) -> tuple[str, list[SourceRow], str]:
         return label, as_messages(rows, label, converter), converter.format
     check_data(data_params)
     return data_params.name, read_local(Path(data_params.name), data_params.name, converter), converter.format
-
-
-def check_data(data) -> None:
-    """A local data file must exist under data/local/ with a supported suffix (checked by validate, and again here)."""
-    if data.source == "local":
-        path = Path(data.name)
-        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(LOCAL_DIR)):
-            raise ValueError(f"data.name: local data files live under {LOCAL_DIR}/ (a dependency of fetch, so "
-                             f"editing one re-runs it); move {path} there")
-        if not path.is_file():
-            raise FileNotFoundError(f"data.name: local data file {path} does not exist")
-        if path.suffix not in LOCAL_FORMATS:
-            raise ValueError(f"data.name: {path} has suffix '{path.suffix}'; supported: {sorted(LOCAL_FORMATS)}")
 
 
 def read_local(path: Path, label: str, converter: Converter | None = None) -> list[SourceRow]:
@@ -228,47 +211,3 @@ def _problem(source_row: SourceRow, max_chars: int, first_seen: dict) -> Problem
         return Problem("duplicate", f"messages: the same conversation as row {first_seen[key]}")
     first_seen[key] = source_row.number
     return None
-
-
-def local_rows(path: Path) -> int | None:
-    """How many rows fetch will read from a local data file, before any is checked; None where it cannot be read
-    (fetch then names why)."""
-    try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(path).metadata.num_rows
-        text = path.read_bytes().decode("utf-8-sig")
-        if path.suffix in (".csv", ".tsv"):
-            table = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix == ".tsv" else ","))
-            return sum(1 for cells in table[1:] if cells)
-        if path.suffix == ".json" and text.lstrip().startswith("["):
-            rows = json.loads(text)
-            return len(rows) if isinstance(rows, list) else None
-        return sum(1 for line in text.split("\n") if line.strip())
-    except Exception:  # not UTF-8, not JSON, a damaged Parquet file, a csv error: fetch's to report
-        return None
-
-
-def most_rows(data) -> tuple[int, str] | None:
-    """The most rows fetch can yield, known before it runs, and the key that sets that bound: data.builtin_rows,
-    the rows of a local data file (data.name), data.max_rows of any source."""
-    bounds = []
-    if data.source == "builtin":
-        bounds.append((data.builtin_rows, "data.builtin_rows"))
-    if data.source == "local" and Path(data.name).is_file() and (rows := local_rows(Path(data.name))) is not None:
-        bounds.append((rows, f"the rows of data.name {data.name}"))
-    if data.max_rows:
-        bounds.append((data.max_rows, "data.max_rows"))
-    return min(bounds, key=lambda bound: bound[0]) if bounds else None
-
-
-def check_split(data, split) -> None:
-    bound = most_rows(data)
-    if bound is None:  # a Hub data set of unknown size: only a row count below the least can be refused now
-        if split.test_size >= 1 and (problem := split_problem(int(split.test_size) + 1, split.test_size)):
-            raise ValueError(problem)
-        return
-    rows, what = bound
-    if problem := split_problem(rows, split.test_size, f"at most {rows} ({what})"):
-        raise ValueError(problem)

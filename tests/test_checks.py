@@ -3,7 +3,8 @@ import pytest
 import yaml
 
 from conftest import MGSM
-from lora_pipeline.data import check_data, check_split, local_rows
+from lora_pipeline.checks import check_split
+from lora_pipeline.local_data import check_data, local_rows
 from lora_pipeline.metrics import check_eval, check_register
 from lora_pipeline.modeling import check_model
 from conftest import ROOT
