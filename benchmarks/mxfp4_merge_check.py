@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
-from lora_pipeline.metrics import compare_logits
+from lora_pipeline.logits import compare_logits
 from lora_pipeline.modeling import load_model
 from lora_pipeline.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
