@@ -30,11 +30,11 @@ from types import SimpleNamespace
 
 import torch
 
-from lora_pipeline.metrics import compare_logits
+from lora_pipeline.logits import compare_logits
 from lora_pipeline.modeling import load_model
 from lora_pipeline.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
-from lora_pipeline.tiny_models import gpt_oss_20b_config
+from pipeline_setup import gpt_oss_20b_config  # benchmarks/, the script's folder
 
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 ATTENTION = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight")

@@ -87,6 +87,19 @@ def qwen2_0_5b_config(**overrides):
     return Qwen2Config(**fields)
 
 
+def gpt_oss_20b_config(num_hidden_layers: int = 24, **overrides):
+    """openai/gpt-oss-20b's config.json as a GptOssConfig (full width; fewer layers or experts for cheap checks)."""
+    from transformers import GptOssConfig
+
+    fields = dict(num_hidden_layers=num_hidden_layers, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
+                  hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
+                  sliding_window=128, use_cache=False, tie_word_embeddings=False)
+    fields.update(overrides)
+    n = fields["num_hidden_layers"]
+    fields["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    return GptOssConfig(**fields)
+
+
 def build_tokenizer(texts: list[str], vocab_size: int, family: str, out: Path):
     """A byte-level BPE trained on `texts` with the family's chat template (tiny_models.train_tokenizer), its
     vocabulary filled up to `vocab_size` with `<|reserved_N|>` entries that no text encodes to: the built-in rows
@@ -117,7 +130,7 @@ def build_model(recipe: str, out: Path, texts: list[str], tiny: bool = False) ->
     import torch
     from transformers import GenerationConfig
 
-    from lora_pipeline.tiny_models import FAMILIES, gpt_oss_20b_config
+    from lora_pipeline.tiny_models import FAMILIES
 
     family = STAND_INS[recipe]["family"]
     sizes = TINY[recipe] if tiny else {}

@@ -73,7 +73,7 @@ def benchmark_params(recipe: str, sets: list[str], method: str, steps: int) -> P
 def builtin_split(data, split) -> tuple[list[dict], list[dict]]:
     """The built-in rows, split and de-duplicated as the split stage does."""
     from lora_pipeline import builtin_data
-    from lora_pipeline.data import remove_test_prompts, split_rows
+    from lora_pipeline.splitting import remove_test_prompts, split_rows
 
     train, test = split_rows(builtin_data.generate(data.builtin_rows, data.builtin_seed), split.test_size, split.seed)
     return remove_test_prompts(train, test)[0], test

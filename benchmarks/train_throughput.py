@@ -84,7 +84,7 @@ def build_checkpoint(arch: str, layers: int | None, out: Path) -> None:
         model.save_pretrained(out)
     else:  # openai/gpt-oss-20b's config.json, experts written in MXFP4 like the released checkpoint
         from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
-        from lora_pipeline.tiny_models import gpt_oss_20b_config
+        from pipeline_setup import gpt_oss_20b_config  # benchmarks/, the script's folder
         from transformers import GptOssForCausalLM
 
         cfg = gpt_oss_20b_config(layers or 24)

@@ -1,5 +1,6 @@
-"""Everything the validate stage checks (validate_all), and the check of train.sft and lora against trl.SFTConfig's
-and peft.LoraConfig's own fields; the checks of data, the base model and the machine live with their concern."""
+"""Everything the validate stage checks (validate_all), the split's rule against the most rows fetch can yield, and
+the check of train.sft and lora against trl.SFTConfig's and peft.LoraConfig's own fields; the checks of data, the
+base model and the machine live with their concern."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,12 +11,13 @@ from pathlib import Path
 from lora_pipeline import dvcfiles
 from lora_pipeline.base_model import check_base_model, check_quantization, check_save_format, check_tiny
 from lora_pipeline.cache import cached
-from lora_pipeline.data import check_data, check_split
 from lora_pipeline.formats import check_format
 from lora_pipeline.launch import check_eval_launch, check_machine, distributed_type
+from lora_pipeline.local_data import check_data, local_rows
 from lora_pipeline.metrics import check_eval, check_gate_metric, check_register
 from lora_pipeline.modeling import check_model
 from lora_pipeline.params import ROOT, Params, ParamsError, for_stage, validate
+from lora_pipeline.splitting import split_problem
 from lora_pipeline.stage_outputs import STAGE_OWNED_SFT_FIELDS
 
 
@@ -54,6 +56,30 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
         lines = [line for problem in problems for line in problem.splitlines()]
         raise ParamsError("params.yaml is invalid:\n" + "\n".join(f"  {line}" for line in lines))
     return view
+
+
+def most_rows(data) -> tuple[int, str] | None:
+    """The most rows fetch can yield, known before it runs, and the key that sets that bound: data.builtin_rows,
+    the rows of a local data file (data.name), data.max_rows of any source."""
+    bounds = []
+    if data.source == "builtin":
+        bounds.append((data.builtin_rows, "data.builtin_rows"))
+    if data.source == "local" and Path(data.name).is_file() and (rows := local_rows(Path(data.name))) is not None:
+        bounds.append((rows, f"the rows of data.name {data.name}"))
+    if data.max_rows:
+        bounds.append((data.max_rows, "data.max_rows"))
+    return min(bounds, key=lambda bound: bound[0]) if bounds else None
+
+
+def check_split(data, split) -> None:
+    bound = most_rows(data)
+    if bound is None:  # a Hub data set of unknown size: only a row count below the least can be refused now
+        if split.test_size >= 1 and (problem := split_problem(int(split.test_size) + 1, split.test_size)):
+            raise ValueError(problem)
+        return
+    rows, what = bound
+    if problem := split_problem(rows, split.test_size, f"at most {rows} ({what})"):
+        raise ValueError(problem)
 
 
 # What LoRA papers and other tools call the fields that peft names otherwise.

@@ -1,23 +1,16 @@
-"""Reading data sets (built-in, Hugging Face Hub, local files) as checked rows, and the seeded train/test split."""
+"""Reading data sets (built-in, Hugging Face Hub, local files) as checked rows."""
 from __future__ import annotations
 
 import csv
 import io
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from lora_pipeline.formats import Converter, FormatError, Rename, check_format
-from lora_pipeline.rows import Problem, conversation_chars, row_problem
-
-LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
-LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
-
-
-class DataError(ValueError):
-    """The data cannot be used; the message names the file, the row or line, and the field."""
+from lora_pipeline.local_data import check_data
+from lora_pipeline.rows import DataError, Problem, conversation_chars, messages_key, row_problem
 
 
 @dataclass
@@ -76,19 +69,6 @@ def read_source(data_params) -> tuple[str, list[SourceRow], str]:
         return label, as_messages(rows, label, converter), converter.format
     check_data(data_params)
     return data_params.name, read_local(Path(data_params.name), data_params.name, converter), converter.format
-
-
-def check_data(data) -> None:
-    """A local data file must exist under data/local/ with a supported suffix (checked by validate, and again here)."""
-    if data.source == "local":
-        path = Path(data.name)
-        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(LOCAL_DIR)):
-            raise ValueError(f"data.name: local data files live under {LOCAL_DIR}/ (a dependency of fetch, so "
-                             f"editing one re-runs it); move {path} there")
-        if not path.is_file():
-            raise FileNotFoundError(f"data.name: local data file {path} does not exist")
-        if path.suffix not in LOCAL_FORMATS:
-            raise ValueError(f"data.name: {path} has suffix '{path.suffix}'; supported: {sorted(LOCAL_FORMATS)}")
 
 
 def read_local(path: Path, label: str, converter: Converter | None = None) -> list[SourceRow]:
@@ -231,114 +211,3 @@ def _problem(source_row: SourceRow, max_chars: int, first_seen: dict) -> Problem
         return Problem("duplicate", f"messages: the same conversation as row {first_seen[key]}")
     first_seen[key] = source_row.number
     return None
-
-
-def messages_key(messages: list[dict]) -> str:
-    """Messages as canonical JSON (a missing `thinking` and a null one are the same)."""
-    return json.dumps([{**m, "thinking": m.get("thinking")} for m in messages], sort_keys=True, ensure_ascii=False)
-
-
-def write_jsonl(rows: list[dict], path: Path) -> None:
-    from lora_pipeline.outputs import write_text
-
-    write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def split_rows(rows: list[dict], test_size: float, seed: int) -> tuple[list[dict], list[dict]]:
-    """Shuffle with `seed`, then cut off the test part: a fraction if test_size < 1, else a row count."""
-    import random
-
-    if problem := split_problem(len(rows), test_size):
-        raise ValueError(problem)
-    n_test = held_out(len(rows), test_size)
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
-    test_idx = set(order[:n_test])
-    train = [rows[i] for i in order if i not in test_idx]
-    test = [rows[i] for i in order[:n_test]]
-    return train, test
-
-
-def prompt_key(row: dict) -> str:
-    """What a model is asked in a row: every message before its last assistant turn, as canonical JSON."""
-    messages = row["messages"]
-    last_assistant = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    return messages_key(messages[:last_assistant])
-
-
-def remove_test_prompts(train: list[dict], test: list[dict]) -> tuple[list[dict], int]:
-    """Train rows that ask what a test row asks leak the test answer: (train without them, how many went)."""
-    test_prompts = {prompt_key(row) for row in test}
-    kept = [row for row in train if prompt_key(row) not in test_prompts]
-    if not kept:
-        raise DataError(f"every one of {len(train)} train rows asks what a test row asks; a smaller "
-                        "split.test_size leaves more rows to train, or the data needs more distinct questions")
-    return kept, len(train) - len(kept)
-
-
-# A held-out figure (loss, compliance) from one row is a single sample, not an average: two rows is the least.
-MIN_TEST_ROWS = 2
-
-
-def held_out(rows: int, test_size: float) -> int:
-    return round(rows * test_size) if test_size < 1 else int(test_size)
-
-
-def split_problem(rows: int, test_size: float, of: str = "") -> str | None:
-    """The split's one rule, which validate applies to the most rows fetch can yield (`of` says what bounds them)
-    and split to the rows fetched: at least MIN_TEST_ROWS test rows and one to train. None where it holds."""
-    n_test = held_out(rows, test_size)
-    if MIN_TEST_ROWS <= n_test < rows:
-        return None
-    return (f"split.test_size: {test_size:g} leaves {n_test} test and {max(rows - n_test, 0)} train rows of "
-            f"{of or rows}; allowed: a fraction below 1 "
-            f"or a whole row count that leaves at least {MIN_TEST_ROWS} test rows and one to train")
-
-
-def local_rows(path: Path) -> int | None:
-    """How many rows fetch will read from a local data file, before any is checked; None where it cannot be read
-    (fetch then names why)."""
-    try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return pq.ParquetFile(path).metadata.num_rows
-        text = path.read_bytes().decode("utf-8-sig")
-        if path.suffix in (".csv", ".tsv"):
-            table = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix == ".tsv" else ","))
-            return sum(1 for cells in table[1:] if cells)
-        if path.suffix == ".json" and text.lstrip().startswith("["):
-            rows = json.loads(text)
-            return len(rows) if isinstance(rows, list) else None
-        return sum(1 for line in text.split("\n") if line.strip())
-    except Exception:  # not UTF-8, not JSON, a damaged Parquet file, a csv error: fetch's to report
-        return None
-
-
-def most_rows(data) -> tuple[int, str] | None:
-    """The most rows fetch can yield, known before it runs, and the key that sets that bound: data.builtin_rows,
-    the rows of a local data file (data.name), data.max_rows of any source."""
-    bounds = []
-    if data.source == "builtin":
-        bounds.append((data.builtin_rows, "data.builtin_rows"))
-    if data.source == "local" and Path(data.name).is_file() and (rows := local_rows(Path(data.name))) is not None:
-        bounds.append((rows, f"the rows of data.name {data.name}"))
-    if data.max_rows:
-        bounds.append((data.max_rows, "data.max_rows"))
-    return min(bounds, key=lambda bound: bound[0]) if bounds else None
-
-
-def check_split(data, split) -> None:
-    bound = most_rows(data)
-    if bound is None:  # a Hub data set of unknown size: only a row count below the least can be refused now
-        if split.test_size >= 1 and (problem := split_problem(int(split.test_size) + 1, split.test_size)):
-            raise ValueError(problem)
-        return
-    rows, what = bound
-    if problem := split_problem(rows, split.test_size, f"at most {rows} ({what})"):
-        raise ValueError(problem)

@@ -1,5 +1,5 @@
-"""Evaluation measures: held-out loss, language identification, answer extraction, MGSM loading, logit comparison;
-and the checks of the eval and register params against what evaluate measures."""
+"""Evaluation measures: held-out loss, language identification, answer extraction, MGSM loading; and the checks of
+the eval and register params against what evaluate measures."""
 from __future__ import annotations
 
 import csv
@@ -134,19 +134,6 @@ def loss_figures(total: float, count: int) -> dict:
     """The held-out loss figures from the summed loss over `count` tokens."""
     loss = total / max(count, 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": count}
-
-
-def compare_logits(reference: torch.Tensor, other: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
-    """How far `other`'s logits [..., vocab] are from `reference`'s over the positions in `mask`: max and mean
-    |difference|, the max relative to the largest |reference logit|, and how often the top-1 tokens agree."""
-    ref, oth = reference.float(), other.float()
-    if mask is not None:
-        ref, oth = ref[mask.bool()], oth[mask.bool()]
-    diff = (ref - oth).abs()
-    largest = diff.max().item()
-    return {"max_abs_logit_diff": largest, "mean_abs_logit_diff": diff.mean().item(),
-            "relative_logit_diff": largest / ref.abs().max().item(),
-            "top1_agreement": (ref.argmax(-1) == oth.argmax(-1)).float().mean().item()}
 
 
 def check_eval(ev) -> None:

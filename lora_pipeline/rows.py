@@ -1,9 +1,14 @@
-"""Row checks: whether a data row is a usable conversation, and if not, which field says why."""
+"""Row checks: whether a data row is a usable conversation, and if not, which field says why; DataError names it."""
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 ROLES = ("system", "developer", "user", "assistant")
+
+
+class DataError(ValueError):
+    """The data cannot be used; the message names the file, the row or line, and the field."""
 
 
 class Problem(NamedTuple):
@@ -79,3 +84,8 @@ def _empty_problem(messages: list[dict]) -> Problem | None:
 def conversation_chars(row: dict) -> int:
     """Characters of text in a usable row: every message's content and reasoning."""
     return sum(len(m["content"]) + len(m.get("thinking") or "") for m in row["messages"])
+
+
+def messages_key(messages: list[dict]) -> str:
+    """Messages as canonical JSON (a missing `thinking` and a null one are the same)."""
+    return json.dumps([{**m, "thinking": m.get("thinking")} for m in messages], sort_keys=True, ensure_ascii=False)

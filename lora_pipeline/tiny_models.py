@@ -170,19 +170,6 @@ def random_gpt_oss(
     return GptOssForCausalLM(config).to(torch.bfloat16).eval()
 
 
-def gpt_oss_20b_config(num_hidden_layers: int = 24, **overrides):
-    """openai/gpt-oss-20b's config.json as a GptOssConfig (full width; fewer layers or experts for cheap checks)."""
-    from transformers import GptOssConfig
-
-    fields = dict(num_hidden_layers=num_hidden_layers, num_local_experts=32, num_experts_per_tok=4, vocab_size=201088,
-                  hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
-                  sliding_window=128, use_cache=False, tie_word_embeddings=False)
-    fields.update(overrides)
-    n = fields["num_hidden_layers"]
-    fields["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
-    return GptOssConfig(**fields)
-
-
 def build_tiny(family: str, rows: list[dict], tiny, out_dir: Path) -> list[float]:
     """Tokenizer trained on the rows, a random model of `family` pretrained on them as plain text, saved to
     out_dir (gpt-oss with its experts in MXFP4, like openai/gpt-oss-20b). Returns the pretraining losses."""

@@ -16,9 +16,9 @@ import torch
 
 from lora_pipeline import stage_outputs
 from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
-from lora_pipeline.data import read_jsonl, write_jsonl
 from lora_pipeline.distributed import launch_state, process_group
 from lora_pipeline.generation import generate, use_for_generation
+from lora_pipeline.jsonl import read_jsonl, write_jsonl
 from lora_pipeline.languages import LANGUAGE_NAMES
 from lora_pipeline.metrics import answer_correct, check_eval, detect_language, eval_figures, heldout_loss, read_mgsm
 from lora_pipeline.modeling import experts_implementation, load_model, load_tokenizer

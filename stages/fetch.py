@@ -13,11 +13,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from lora_pipeline.data import DataError, load_data, write_jsonl
+from lora_pipeline.data import load_data
 from lora_pipeline.hub import HubUnreachable, download_model
+from lora_pipeline.jsonl import write_jsonl
 from lora_pipeline.modeling import check_model
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json
 from lora_pipeline.params import load_params
+from lora_pipeline.rows import DataError
 
 RAW, BASE, METRICS = Path("data/raw"), Path("models/base"), Path("metrics/data.json")
 KEPT = f"{RAW}, {BASE} and {METRICS} are as they were"

@@ -16,8 +16,8 @@ from peft import PeftModel
 
 from lora_pipeline import stage_outputs
 from lora_pipeline.chat import conversation
-from lora_pipeline.data import read_jsonl
-from lora_pipeline.metrics import compare_logits
+from lora_pipeline.jsonl import read_jsonl
+from lora_pipeline.logits import compare_logits
 from lora_pipeline.modeling import BITSANDBYTES, device, load_model, load_tokenizer
 from lora_pipeline.mxfp4_checkpoint import expert_values_changed, load_into, merged_save_format, save_mxfp4_checkpoint
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json

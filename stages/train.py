@@ -25,7 +25,7 @@ from datasets import Dataset
 from lora_pipeline import cpu_numerics, stage_outputs
 from lora_pipeline.chat import conversation
 from lora_pipeline.checkpoints import clear_run, content_hash, hold_run_lock, last_complete, run_dir, run_fingerprint
-from lora_pipeline.data import read_jsonl
+from lora_pipeline.jsonl import read_jsonl
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json, write_text
 from lora_pipeline.params import ROOT, load_params
 from lora_pipeline.training import LiveMetrics, StopOnSignal, WriteManifest, build_trainer, save_adapter

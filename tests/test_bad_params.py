@@ -10,8 +10,8 @@ import yaml
 
 from conftest import ROOT, copy_repo, run_env
 from lora_pipeline.checks import validate_all
-from lora_pipeline.data import MIN_TEST_ROWS
 from lora_pipeline.params import ParamsError
+from lora_pipeline.splitting import MIN_TEST_ROWS
 
 DELETE = object()  # a change that removes the key
 HAS_FLASH_ATTN = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None

@@ -3,7 +3,8 @@ import pytest
 import yaml
 
 from conftest import MGSM
-from lora_pipeline.data import check_data, check_split, local_rows, split_problem
+from lora_pipeline.checks import check_split
+from lora_pipeline.local_data import check_data, local_rows
 from lora_pipeline.metrics import check_eval, check_register
 from lora_pipeline.modeling import check_model
 from conftest import ROOT
@@ -85,7 +86,7 @@ def test_a_local_file_too_small_to_split_is_refused_naming_the_keys(tmp_path, mo
     (20, 0.1, True), (20, 0.05, False), (3, 2, True), (2, 2, False), (2, 0.5, False), (10, 0.99, False),
 ])
 def test_validate_and_split_share_one_rule(rows, test_size, allowed):
-    from lora_pipeline.data import split_rows
+    from lora_pipeline.splitting import split_problem, split_rows
 
     assert (split_problem(rows, test_size) is None) == allowed
     if allowed:

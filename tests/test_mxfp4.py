@@ -348,7 +348,7 @@ def test_merged_model_requantized_to_mxfp4(tiny_dir, tmp_path):
     """A merged model (base + LoRA-like deltas, float32) saved as MXFP4 is the base checkpoint's size, loads with
     Mxfp4Config(dequantize=True), and its logits stay closer to the 16-bit merged model's than MXFP4 itself put the
     base release from its bf16 original; a wrong nibble order or scale is far beyond that bound."""
-    from lora_pipeline.metrics import compare_logits
+    from lora_pipeline.logits import compare_logits
     from lora_pipeline.mxfp4_checkpoint import expert_values_changed, load_into
     from lora_pipeline.tiny_models import random_gpt_oss
 

@@ -9,8 +9,8 @@ from dvc.utils.serialize import parse_yaml
 from conftest import ROOT, copy_repo, run_env, set_params
 from lora_pipeline.builtin_data import generate
 from lora_pipeline.checks import check_library_fields
-from lora_pipeline.data import write_jsonl
 from lora_pipeline.dvcfiles import declared_params
+from lora_pipeline.jsonl import write_jsonl
 from lora_pipeline.params import Params, ParamsError, for_stage, load_params, params_digest, validate
 
 STAGES = list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])

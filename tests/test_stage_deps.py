@@ -124,6 +124,26 @@ def test_a_dropped_module_is_named(stage):
     assert missing_deps(deps + ["lora_pipeline", "stages/"], required) == []  # a folder covers its files
 
 
+# The stages that run each data-side module, and so re-run when it changes: reading and converting data is fetch's
+# work (validate checks data.format and data.columns), the split split's (validate checks its rule); train, merge,
+# evaluate and register read and write JSON Lines only.
+RUN_BY = {
+    "lora_pipeline/formats.py": {"validate", "fetch"},
+    "lora_pipeline/builtin_data.py": {"fetch"},
+    "lora_pipeline/hub.py": {"fetch"},
+    "lora_pipeline/data.py": {"fetch"},
+    "lora_pipeline/splitting.py": {"validate", "split"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(RUN_BY))
+def test_only_the_stages_that_run_a_data_module_depend_on_it(module):
+    listing = {stage for stage in DVC_STAGES if any(covers(dep, Path(module)) for dep in stage_deps(stage))}
+    running = {stage for stage in DVC_STAGES
+               if Path(module) in reached_files(ROOT, stage_module(DVC_STAGES[stage]["cmd"]))}
+    assert listing == running == RUN_BY[module], f"{module}: listed by {sorted(listing)}, run by {sorted(running)}"
+
+
 def write_tree(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)

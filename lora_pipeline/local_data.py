@@ -1,0 +1,45 @@
+"""Local data files: where they live and which suffixes are read (check_data, which validate and fetch apply), and
+how many rows one holds before any is read (local_rows, validate's bound on the split)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
+LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
+
+
+def check_data(data) -> None:
+    """A local data file must exist under data/local/ with a supported suffix (checked by validate, and again here)."""
+    if data.source == "local":
+        path = Path(data.name)
+        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(LOCAL_DIR)):
+            raise ValueError(f"data.name: local data files live under {LOCAL_DIR}/ (a dependency of fetch, so "
+                             f"editing one re-runs it); move {path} there")
+        if not path.is_file():
+            raise FileNotFoundError(f"data.name: local data file {path} does not exist")
+        if path.suffix not in LOCAL_FORMATS:
+            raise ValueError(f"data.name: {path} has suffix '{path.suffix}'; supported: {sorted(LOCAL_FORMATS)}")
+
+
+def local_rows(path: Path) -> int | None:
+    """How many rows fetch will read from a local data file, before any is checked; None where it cannot be read
+    (fetch then names why)."""
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows
+        text = path.read_bytes().decode("utf-8-sig")
+        if path.suffix in (".csv", ".tsv"):
+            table = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix == ".tsv" else ","))
+            return sum(1 for cells in table[1:] if cells)
+        if path.suffix == ".json" and text.lstrip().startswith("["):
+            rows = json.loads(text)
+            return len(rows) if isinstance(rows, list) else None
+        return sum(1 for line in text.split("\n") if line.strip())
+    except Exception:  # not UTF-8, not JSON, a damaged Parquet file, a csv error: fetch's to report
+        return None
