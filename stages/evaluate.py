@@ -16,7 +16,7 @@ import torch
 
 from lora_pipeline import stage_outputs
 from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
-from lora_pipeline.distributed import launch_state, process_group
+from lora_pipeline.distributed import launch_state
 from lora_pipeline.generation import generate, use_for_generation
 from lora_pipeline.jsonl import read_jsonl, write_jsonl
 from lora_pipeline.languages import LANGUAGE_NAMES
@@ -46,11 +46,13 @@ def user_question(row):
 
 def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     """Every measure for one model (the `eval` params `ev`; held-out conversations for the loss, test rows to ask);
-    returns (metrics, generation records, timings and the implementations that ran)."""
+    returns (metrics, generation records, {"timings", "implementations"} of what ran)."""
     started = time.perf_counter()
     loss = heldout_loss(model, tokenizer, heldout, max_length=2048, batch_size=ev.batch_size)
-    timings = {"loss_seconds": time.perf_counter() - started, "loss_attention": model.config._attn_implementation,
-               "loss_experts": experts_implementation(model), "generation_implementations": use_for_generation(model)}
+    timings = {"loss_seconds": time.perf_counter() - started}
+    implementations = {"loss": {"attention": model.config._attn_implementation,
+                                "experts": experts_implementation(model)},
+                       "generation": use_for_generation(model)}
 
     # Every prompt in one list, generated in length-sorted batches: each held-out question once per reasoning
     # language, MGSM with reasoning asked in the question's own language, and the demo.
@@ -84,7 +86,7 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     demo = next(outputs)
     metrics = eval_figures(ev.languages, loss, heldout_records, mgsm_correct, detect_language(split_reasoning(demo)[0]))
     records.append({"set": "demo", "generated": demo})
-    return metrics, records, timings
+    return metrics, records, {"timings": timings, "implementations": implementations}
 
 
 def main():
@@ -109,15 +111,13 @@ def main():
         model = load_model(paths["model"], params.model, quantization, device_map={"": device}).eval()
         speed["load_seconds"] = time.perf_counter() - started
         torch.manual_seed(0)
-        metrics, records, speed["timings"] = evaluate(model, tokenizer, ev, heldout, questions)
-        speed["implementations"] = {"loss": {"attention": speed["timings"].pop("loss_attention"),
-                                             "experts": speed["timings"].pop("loss_experts")},
-                                    "generation": speed["timings"].pop("generation_implementations")}
+        metrics, records, ran = evaluate(model, tokenizer, ev, heldout, questions)
+        speed |= ran
         for record in records:
             record["model"] = name
     if state.process_index != 0:
         return
-    speed |= {"model": name, "processes": process_group()[1], "device": str(device),
+    speed |= {"model": name, "processes": state.num_processes, "device": str(device),
               "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
     write_json(paths["speed"], speed)
     write_compliance(metrics.get("compliance", {}), paths["compliance"])
