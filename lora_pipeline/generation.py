@@ -8,7 +8,7 @@ import torch
 from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
 
 from lora_pipeline.distributed import gather, process_group
-from lora_pipeline.modeling import experts_implementation, set_experts_implementation
+from lora_pipeline.modeling import experts_implementation, inference_attention, set_experts_implementation
 
 # transformers' generate swaps grouped_mm for batched_mm while it decodes, and batched_mm copies each selected
 # expert's weights once per token: a whole prompt batch in prefill asks for hundreds of GiB on gpt-oss-20b. The same
@@ -19,12 +19,10 @@ ExpertsInterface.register(GROUPED_FOR_GENERATION, grouped_mm_experts_forward)
 
 def decoding_implementations(model_type: str, attention: str, experts: str | None) -> dict:
     """The attention and experts implementations generation runs, given those the model was loaded with, and why
-    any differs: flex attention does not compile inside generate for gpt-oss (Inductor finds no kernel for its
-    sinks' score function), and grouped experts keep their grouped kernels while decoding."""
-    notes = []
-    if attention == "flex_attention" and model_type == "gpt_oss":
-        attention = "eager"
-        notes.append("gpt-oss's flex attention does not compile inside generate: eager")
+    any differs: the attention of short passes (modeling.inference_attention), and grouped experts keep their
+    grouped kernels while decoding."""
+    attention, note = inference_attention(model_type, attention)
+    notes = [note] if note else []
     if experts in ("grouped_mm", "batched_mm"):
         notes.append(f"{experts} experts decode as {GROUPED_FOR_GENERATION} (grouped_mm that generate keeps)")
         experts = GROUPED_FOR_GENERATION

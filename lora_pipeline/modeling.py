@@ -45,6 +45,15 @@ def runnable_implementations(model_type: str, model_params) -> dict:
     return {"attention": attention, "experts": experts, "notes": notes}
 
 
+def inference_attention(model_type: str, attention: str) -> tuple[str, str | None]:
+    """The attention implementation for short passes without gradients (a decode step, merge's check of a few
+    128-token rows), and why it differs from the loaded one: gpt-oss's flex attention does not compile for them
+    (Inductor finds no kernel for its sinks' score function), so eager, the reference, runs them."""
+    if attention == "flex_attention" and model_type == "gpt_oss":
+        return "eager", "gpt-oss's flex attention does not compile for short passes without gradients: eager"
+    return attention, None
+
+
 BITSANDBYTES = ("nf4", "int8")  # quantization.method values that freeze the base in 4/8 bits (QLoRA)
 
 

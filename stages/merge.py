@@ -18,7 +18,7 @@ from lora_pipeline import stage_outputs
 from lora_pipeline.chat import conversation
 from lora_pipeline.jsonl import read_jsonl
 from lora_pipeline.logits import compare_logits
-from lora_pipeline.modeling import BITSANDBYTES, device, load_model, load_tokenizer
+from lora_pipeline.modeling import BITSANDBYTES, device, inference_attention, load_model, load_tokenizer
 from lora_pipeline.mxfp4_checkpoint import expert_values_changed, load_into, merged_save_format, save_mxfp4_checkpoint
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json
 from lora_pipeline.params import load_params
@@ -40,7 +40,12 @@ def main():
         sys.exit(f"merge: {ADAPTER}/adapter_model.safetensors not found; adapters are loaded from safetensors only")
     tokenizer = load_tokenizer(BASE, trust_remote_code=params.model.trust_remote_code)
     # Loaded onto the GPU, where there is one: an MXFP4 base is dequantized there too.
-    model = PeftModel.from_pretrained(load_model(BASE, params.model, device_map={"": device()}), ADAPTER).eval()
+    base = load_model(BASE, params.model, device_map={"": device()})
+    attention, note = inference_attention(base.config.model_type, base.config._attn_implementation)
+    if note:  # the check below needs no speed
+        print(f"merge: {note}")
+        base.set_attn_implementation(attention)
+    model = PeftModel.from_pretrained(base, ADAPTER).eval()
     experts_trained = bool(model.peft_config["default"].target_parameters)
 
     texts = [tokenizer.apply_chat_template(conversation(row), tokenize=False) for row in read_jsonl(TEST)[:4]]
