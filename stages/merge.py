@@ -25,9 +25,25 @@ from lora_pipeline.params import load_params
 
 BASE, ADAPTER, MERGED = Path("models/base"), Path("models/adapter"), Path("models/merged")
 TEST, METRICS = Path("data/split/test.jsonl"), stage_outputs.METRICS["merge"]
-# Largest |merged - adapted| logit difference allowed, relative to the largest |logit|: merging changes
-# only rounding, which is ~1e-7 in float32 and ~1e-3..1e-2 in 16-bit formats.
+# Mean |merged - adapted| logit difference allowed, relative to the mean |logit|: merging changes only rounding,
+# ~1e-7 in float32 and ~1e-3..1e-2 in 16-bit formats. The mean, not the largest: in a mixture of experts a
+# rounding can send a token to other experts, which moves that position's logits far (and later ones a little).
 RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
+# Past that, the merge still passes if the merged model is this much closer to the adapted model than the base
+# is: rounding noise of a large model, not a lost or doubled adapter (which moves the logits by the whole effect).
+ADAPTER_EFFECT_KEPT = 0.1
+
+
+def merge_problem(compared: dict, adapter_effect: float, dtype: str) -> str | None:
+    """Why the merged model's logits (compare_logits against the adapted model's) show a failed merge, or None.
+    `adapter_effect`: the base model's mean |logit difference| from the adapted model, relative to the mean
+    |adapted logit|."""
+    relative = compared["mean_relative_logit_diff"]
+    if relative <= RELATIVE_TOLERANCE[dtype] or relative <= ADAPTER_EFFECT_KEPT * adapter_effect:
+        return None
+    return (f"merged logits differ from the adapted model's by {relative:.3g} of the mean |logit| (tolerance "
+            f"{RELATIVE_TOLERANCE[dtype]} for {dtype}; the adapter itself moves them by {adapter_effect:.3g}; largest "
+            f"difference {compared['max_abs_logit_diff']:.3g}, top-1 tokens agree at {compared['top1_agreement']:.1%})")
 
 
 def main():
@@ -52,15 +68,19 @@ def main():
     batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=128).to(model.device)
     with torch.no_grad():
         adapted = model(**batch).logits.float()
+        with model.disable_adapter():
+            base_logits = model(**batch).logits.float()
         merged_model = model.merge_and_unload()
         merged = merged_model(**batch).logits.float()
     mask = batch["attention_mask"].bool()
     compared = compare_logits(adapted, merged, mask)
-    max_diff, relative = compared["max_abs_logit_diff"], compared["relative_logit_diff"]
-    if relative > RELATIVE_TOLERANCE[params.model.dtype]:
-        raise SystemExit(f"merged logits differ from the adapted model's by {max_diff:.3g} "
-                         f"({relative:.3g} relative, tolerance {RELATIVE_TOLERANCE[params.model.dtype]})")
-    metrics = {"max_abs_logit_diff": max_diff, "relative_logit_diff": relative}
+    adapter_effect = compare_logits(adapted, base_logits, mask)["mean_relative_logit_diff"]
+    problem = merge_problem(compared, adapter_effect, params.model.dtype)
+    if problem:
+        raise SystemExit(f"merge: {problem}")
+    metrics = {key: compared[key] for key in ("max_abs_logit_diff", "relative_logit_diff", "mean_relative_logit_diff",
+                                              "top1_agreement")}
+    metrics["adapter_relative_effect"] = adapter_effect
     if params.quantization.method in BITSANDBYTES:  # the adapter over the 4/8-bit base it was trained on
         trained = PeftModel.from_pretrained(load_model(BASE, params.model, params.quantization), ADAPTER).eval()
         with torch.no_grad():

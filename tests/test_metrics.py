@@ -71,6 +71,7 @@ def test_compare_logits_over_the_masked_positions():
     assert compared["max_abs_logit_diff"] == 1.0
     assert compared["relative_logit_diff"] == 1.0 / 4.0
     assert compared["mean_abs_logit_diff"] == pytest.approx(2.0 / 6)
+    assert compared["mean_relative_logit_diff"] == pytest.approx(2.0 / 7.75)  # mean |reference| 7.75 / 6
     assert compared["top1_agreement"] == pytest.approx(2 / 3)  # the last position's top token changes
 
 
