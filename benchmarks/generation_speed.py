@@ -3,9 +3,10 @@
     python benchmarks/generation_speed.py <model folder> --attention flex_attention --experts grouped_mm \
         --variants eager:20 generate:20 generate:320 --new-tokens 64 --out generation.jsonl
 The model loads once with the implementations training uses (--attention, --experts, as model.* params), then each
-variant `<experts>:<batch>` generates one batch of prompts from the built-in questions for --new-tokens steps
+variant `<experts>:<batch>[:static]` generates one batch of prompts from the built-in questions for --new-tokens steps
 (every row runs the full length): `generate` is lora_pipeline.generation.use_for_generation's choice, `eager` the
-expert loop. Prints one JSON line per variant: ms per decode step, new tokens/s, peak GiB.
+expert loop; `static`: transformers' static KV cache, whose decode step generate compiles. Prints one JSON line per
+variant: ms per decode step, new tokens/s, peak GiB.
 """
 import argparse
 import json
@@ -41,18 +42,21 @@ def main():
     questions = [next(m["content"] for m in r["messages"] if m["role"] == "user") for r in rows]
     languages = list(LANGUAGE_NAMES)
     for variant in args.variants:
-        experts, batch = variant.split(":")
+        experts, batch, *cache = variant.split(":")
+        sampling = {"cache_implementation": "static"} if cache == ["static"] else {}
         if chosen["experts"]:
             set_experts_implementation(model, chosen["experts"] if experts == "generate" else experts)
         conversations = [prompt_messages(q, LANGUAGE_NAMES[languages[i % len(languages)]])
                          for i, q in enumerate(questions[: int(batch)])]
-        generate(model, tokenizer, conversations[:2], 4, 2)  # warm-up
+        if not cache:
+            generate(model, tokenizer, conversations[:2], 4, 2)  # warm-up (a static cache compiles for its own shape)
         torch.cuda.reset_peak_memory_stats()
         stats = {}
         generate(model, tokenizer, conversations, args.new_tokens, int(batch), stats=stats,
-                 min_new_tokens=args.new_tokens)
+                 min_new_tokens=args.new_tokens, **sampling)
         result = {"model": args.model, "attention": chosen["attention"], "experts": experts_implementation(model),
-                  "batch": int(batch), "new_tokens": stats["new_tokens"], "decode_steps": stats["decode_steps"],
+                  "batch": int(batch), "cache": cache[0] if cache else "dynamic",
+                  "new_tokens": stats["new_tokens"], "decode_steps": stats["decode_steps"],
                   "seconds": round(stats["seconds"], 2),
                   "ms_per_step": round(1000 * stats["seconds"] / stats["decode_steps"], 1),
                   "new_tokens_per_s": round(stats["new_tokens"] / stats["seconds"], 1),

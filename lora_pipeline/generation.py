@@ -41,11 +41,12 @@ def use_for_generation(model) -> dict:
 
 
 def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int,
-             do_sample: bool = False, stats: dict | None = None) -> list[str]:
-    """Batched generation (left padding) of the assistant turn; returns the new text, special tokens kept."""
+             do_sample: bool = False, stats: dict | None = None, **options) -> list[str]:
+    """Batched generation (left padding) of the assistant turn; returns the new text, special tokens kept.
+    `options`: further arguments of transformers' generate (e.g. min_new_tokens, cache_implementation)."""
     prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
     return generate_from_prompts(model, tokenizer, prompts, max_new_tokens, batch_size, stats=stats,
-                                 do_sample=do_sample)
+                                 do_sample=do_sample, **options)
 
 
 def batches(lengths: list[int], batch_size: int) -> list[list[int]]:
@@ -60,7 +61,8 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
                           stats: dict | None = None, **sampling) -> list[str]:
     """Batched generation (left padding) after prompts already rendered with the chat template; returns the new
     text, special tokens kept. In a launch of several processes each takes every n-th batch and all get every text.
-    `sampling`: do_sample, temperature, top_p (greedy unless do_sample). `stats`, if given, accumulates this
+    `sampling`: do_sample, temperature, top_p (greedy unless do_sample), or other arguments of transformers'
+    generate. `stats`, if given, accumulates this
     process's new tokens, decode steps and seconds."""
     tokenizer.padding_side = "left"
     rank, world = process_group()
