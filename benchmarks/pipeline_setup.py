@@ -21,6 +21,9 @@ RECIPES = ("default", "qwen2-0.5b", "gpt-oss-20b")
 COPY_IGNORE = {".venv", ".git", "__pycache__", ".pytest_cache", "mlflow.db", "mlartifacts", "mlruns", "models",
                "metrics", "plots", "reports", "checkpoints", "logs", ".whl", "dvc_plots", "bench"}
 
+# What the stages write that git also tracks (dvc.lock, metrics, plots, reports): a copy made again over an
+# earlier run keeps that run's, so DVC sees its stages done and register reads their own figures.
+RUN_STATE = ("dvc.lock", "metrics", "plots", "reports")
 # Per recipe: the chat template family (lora_pipeline.tiny_models.FAMILIES), the data's shape, its rows.
 STAND_INS = {
     "qwen2-0.5b": dict(family="tiny-qwen2", rows=4000, data="capybara"),
@@ -42,9 +45,10 @@ class SetupError(RuntimeError):
 
 
 def copy_repo(source: Path, dest: Path, tree: str = "worktree", exclude: Path | None = None) -> None:
-    """The project's files into dest (outputs already there are kept): the working tree's tracked and untracked,
-    not ignored files (`git ls-files`), HEAD's files (tree="head"), or, without git, all but COPY_IGNORE, DVC's
-    cache and outputs. Nothing under `exclude` (default: dest) is copied, nor an earlier run's stand-in data."""
+    """The project's files into dest (outputs already there are kept, RUN_STATE too): the working tree's tracked
+    and untracked, not ignored files (`git ls-files`), HEAD's files (tree="head"), or, without git, all but
+    COPY_IGNORE, DVC's cache and outputs. Nothing under `exclude` (default: dest) is copied, nor an earlier run's
+    stand-in data."""
     dest.mkdir(parents=True, exist_ok=True)
     git = shutil.which("git") and (source / ".git").exists()
     if tree == "head":
@@ -72,6 +76,8 @@ def copy_repo(source: Path, dest: Path, tree: str = "worktree", exclude: Path | 
     for path in files:
         if path.is_file() and all(wanted(p) for p in (path, *path.parents) if p.is_relative_to(source)):
             target = dest / path.relative_to(source)
+            if target.exists() and path.relative_to(source).parts[0] in RUN_STATE:
+                continue
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
 

@@ -115,6 +115,16 @@ def test_copy_holds_the_project_files_and_no_outputs(tmp_path):
         ("data/raw", "data/split", ".dvc/cache", "models/base", "models/adapter", "models/merged"))]
 
 
+def test_copy_again_keeps_the_earlier_runs_lock_and_metrics(tmp_path):
+    repo = tmp_path / "repo"
+    setup.copy_repo(ROOT, repo)
+    for name in ("dvc.lock", "metrics/merge.json", "stages/train.py"):
+        (repo / name).write_text("written by the run")
+    setup.copy_repo(ROOT, repo)
+    assert (repo / "dvc.lock").read_text() == (repo / "metrics/merge.json").read_text() == "written by the run"
+    assert (repo / "stages/train.py").read_text() == (ROOT / "stages/train.py").read_text()  # code: this tree's
+
+
 def test_copy_without_git_leaves_outputs_and_itself_out(tmp_path):
     source = tmp_path / "src"
     for name in ("dvc.yaml", "stages/a.py", "data/local/x.jsonl", "data/raw/data.jsonl", "models/base/w",
