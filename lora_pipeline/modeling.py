@@ -46,12 +46,15 @@ def runnable_implementations(model_type: str, model_params) -> dict:
 
 
 def inference_attention(model_type: str, attention: str) -> tuple[str, str | None]:
-    """The attention implementation for short passes without gradients (a decode step, merge's check of a few
-    128-token rows), and why it differs from the loaded one: gpt-oss's flex attention does not compile for them
-    (Inductor finds no kernel for its sinks' score function), so eager, the reference, runs them."""
-    if attention == "flex_attention" and model_type == "gpt_oss":
+    """The attention implementation for short passes without gradients (decode steps, merge's check of a few
+    128-token rows), and why it differs from the loaded one. Flex attention, training's, does not pay there:
+    gpt-oss's does not compile for them (Inductor finds no kernel for its sinks' score function), so eager, the
+    reference, runs them; other models decode faster with sdpa (docs/evaluation.md)."""
+    if attention != "flex_attention":
+        return attention, None
+    if model_type == "gpt_oss":
         return "eager", "gpt-oss's flex attention does not compile for short passes without gradients: eager"
-    return attention, None
+    return "sdpa", "flex attention decodes slower than sdpa: sdpa"
 
 
 BITSANDBYTES = ("nf4", "int8")  # quantization.method values that freeze the base in 4/8 bits (QLoRA)
