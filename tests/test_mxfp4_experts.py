@@ -218,7 +218,8 @@ def test_the_loader_runs_grouped_mm_until_the_train_stage_packs(tiny_dir):
 
 def test_train_stage_trains_lora_over_packed_experts_as_over_16_bit_ones(tiny_dir, tmp_path):
     """build_trainer with grouped_mm_mxfp4: the experts packed before LoRA, DDP told not to broadcast them, two
-    optimizer steps that change the LoRA weights as the 16-bit grouped_mm experts do and leave the packed bytes."""
+    optimizer steps (with and without recompute) that change the LoRA weights as the 16-bit grouped_mm experts do
+    and leave the packed bytes."""
     import yaml
     from datasets import Dataset
     from tokenizers import Tokenizer, models
@@ -236,14 +237,16 @@ def test_train_stage_trains_lora_over_packed_experts_as_over_16_bit_ones(tiny_di
     tokenizer.save_pretrained(base)
     rows = Dataset.from_list([{"input_ids": [(7 * i + j) % (VOCAB - 2) + 2 for j in range(12 + i)]} for i in range(16)])
     adapters = {}
-    for experts in ("grouped_mm", MXFP4_EXPERTS):
+    runs = {"grouped_mm": [], MXFP4_EXPERTS: [], "recompute": ["train.sft.gradient_checkpointing=true"]}
+    for name, sets in runs.items():
+        experts = "grouped_mm" if name == "grouped_mm" else MXFP4_EXPERTS
         raw = apply_sets(yaml.safe_load((ROOT / "params.yaml").read_text()), [
             "train.checkpoint_steps=0", "train.sft.max_steps=2", "train.sft.warmup_steps=0",
             "train.sft.per_device_train_batch_size=8", "lora.lora_dropout=0.0", "train.sft.assistant_only_loss=false",
-            "quantization.method=mxfp4-dequantize", f"model.experts_implementation={experts}"])
+            "quantization.method=mxfp4-dequantize", f"model.experts_implementation={experts}", *sets])
         params = for_stage(validate(raw), "test", ["model", "quantization", "train", "lora"])
-        trainer, record = build_trainer(params, base, rows, tmp_path / experts)
-        assert record["experts"] == experts
+        trainer, record = build_trainer(params, base, rows, tmp_path / name)
+        assert record["experts"] == experts and record["gradient_checkpointing"] == bool(sets)
         if experts == MXFP4_EXPERTS:
             assert record["packed_experts"]["modules"] == LAYERS
             assert record["packed_experts"]["ddp_broadcast_buffers"] is False
@@ -253,12 +256,14 @@ def test_train_stage_trains_lora_over_packed_experts_as_over_16_bit_ones(tiny_di
             assert "packed_experts" not in record and trainer.args.ddp_broadcast_buffers is None
         trainer.train()
         assert trainer.state.global_step == 2
-        adapters[experts] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    assert all(torch.equal(b, dict(trainer.model.named_buffers())[n]) for n, b in blocks.items())
-    assert paths_run(trainer.model) == ["grouped_mm"]
-    assert adapters[MXFP4_EXPERTS].keys() == adapters["grouped_mm"].keys()
-    for name, weight in adapters["grouped_mm"].items():
-        torch.testing.assert_close(adapters[MXFP4_EXPERTS][name], weight, rtol=1e-5, atol=1e-6)
+        adapters[name] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        if experts == MXFP4_EXPERTS:
+            assert all(torch.equal(b, dict(trainer.model.named_buffers())[n]) for n, b in blocks.items())
+            assert paths_run(trainer.model) == ["grouped_mm"]
+    for name in (MXFP4_EXPERTS, "recompute"):
+        assert adapters[name].keys() == adapters["grouped_mm"].keys()
+        for key, weight in adapters["grouped_mm"].items():
+            torch.testing.assert_close(adapters[name][key], weight, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
 def test_packing_problems_name_the_key_and_the_way_on():
