@@ -197,14 +197,13 @@ def check_generation(rows):
 def mxfp4_values(model) -> None:
     """Every expert weight replaced, in place, by its MXFP4 round trip: the values a dequantized MXFP4 checkpoint
     holds (what grouped_mm_mxfp4 packs losslessly)."""
-    from lora_pipeline.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+    from lora_pipeline.mxfp4_checkpoint import expert_from_disk, expert_to_disk
 
     with torch.no_grad():
         for name, weight in model.named_parameters():
             if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
                 for e in range(weight.shape[0]):
-                    on_disk = weight[e].transpose(0, 1)  # [out, in]: blocks along `in`
-                    on_disk.copy_(dequantize_mxfp4(*quantize_mxfp4(on_disk), dtype=weight.dtype))
+                    weight[e].copy_(expert_from_disk(*expert_to_disk(weight[e]), weight.dtype))
 
 
 def model_bytes(model) -> int:
@@ -269,6 +268,7 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
     from transformers import GptOssForCausalLM
 
     from lora_pipeline.mxfp4 import dequantize_mxfp4
+    from lora_pipeline.mxfp4_checkpoint import expert_from_disk
     from lora_pipeline.mxfp4_experts import grouped_mm_mxfp4_experts_forward, pack_experts, paths_run
 
     config = gpt_oss_20b_config(layers, vocab_size=4096)
@@ -325,7 +325,7 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
     bf16 = copy.deepcopy(experts)
     for name in ("gate_up_proj", "down_proj"):  # the 16-bit weights back, [E, in, out], for the stock path
         blocks, scales = getattr(bf16, f"{name}_blocks"), getattr(bf16, f"{name}_scales")
-        weight = dequantize_mxfp4(blocks, scales).transpose(1, 2).contiguous()  # as the loaded model holds it
+        weight = expert_from_disk(blocks, scales).contiguous()  # [E, in, out], as the loaded model holds it
         bf16.register_parameter(name, torch.nn.Parameter(weight, requires_grad=False))
     from transformers.integrations.moe import grouped_mm_experts_forward
 

@@ -3,9 +3,9 @@ grouped_mm_mxfp4).
 
 openai/gpt-oss-20b loads with Mxfp4Config(dequantize=True): its expert weights become 16-bit, about 38 GB, though
 LoRA never trains them. pack_experts re-encodes each experts module's gate_up_proj and down_proj with the project's
-encoder (lora_pipeline.mxfp4) into uint8 buffers in the layout of the checkpoint (`gate_up_proj_blocks`,
-`gate_up_proj_scales`, ...; [experts, out, in/32, 16] and [experts, out, in/32]), checking that every value decodes
-back exactly, as every value loaded from MXFP4 does; about 4.25 bits a value instead of 16.
+encoder (lora_pipeline.mxfp4) into uint8 buffers in the layout of the checkpoint (mxfp4_checkpoint.expert_to_disk:
+`gate_up_proj_blocks`, `gate_up_proj_scales`, ...; [experts, out, in/32, 16] and [experts, out, in/32]), checking
+that every value decodes back exactly, as every value loaded from MXFP4 does; about 4.25 bits a value instead of 16.
 
 The experts forward registered under that name is transformers' grouped_mm one (tokens sorted by expert, one grouped
 GEMM per projection, gpt-oss's biases, clamped interleaved GLU and routing weights), with each weight taken through
@@ -20,7 +20,8 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from lora_pipeline.modeling import MXFP4_EXPERTS, experts_modules, set_experts_implementation
-from lora_pipeline.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, quantize_mxfp4
+from lora_pipeline.mxfp4 import MXFP4_BLOCK
+from lora_pipeline.mxfp4_checkpoint import expert_from_disk, expert_to_disk
 
 __all__ = ["PACKED", "PATHS", "PackedGroupedLinear", "pack_experts", "packing_problems", "paths_run", "forced_path"]
 
@@ -103,8 +104,8 @@ class PackedGroupedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, blocks, scales, offsets, dtype, path):
         with torch.autocast(x.device.type, enabled=False):
-            weight = dequantize_mxfp4(blocks, scales, dtype=dtype)  # [E, out, in]
-            out = _grouped(x.to(dtype), weight.transpose(-2, -1), offsets, path)
+            weight = expert_from_disk(blocks, scales, dtype)  # [E, in, out]: a temporary, freed on return
+            out = _grouped(x.to(dtype), weight, offsets, path)
         ctx.save_for_backward(blocks, scales, offsets)
         ctx.dtype, ctx.path, ctx.input_dtype = dtype, path, x.dtype
         return out
@@ -115,7 +116,7 @@ class PackedGroupedLinear(torch.autograd.Function):
             return None, None, None, None, None, None
         blocks, scales, offsets = ctx.saved_tensors
         with torch.autocast(grad.device.type, enabled=False):
-            weight = dequantize_mxfp4(blocks, scales, dtype=ctx.dtype)
+            weight = expert_from_disk(blocks, scales, ctx.dtype).transpose(-2, -1)  # [E, out, in], contiguous
             grad_x = _grouped(grad.to(ctx.dtype).contiguous(), weight, offsets, ctx.path)
         return grad_x.to(ctx.input_dtype), None, None, None, None, None
 
@@ -162,21 +163,20 @@ ExpertsInterface.register(MXFP4_EXPERTS, grouped_mm_mxfp4_experts_forward)
 
 
 def _pack(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [E, in, out] -> blocks [E, out, in/32, 16], scales [E, out, in/32], one expert at a time (the
-    temporaries of one expert only); ValueError naming `name` if a value does not decode back exactly."""
+    """weight [E, in, out] -> the checkpoint's blocks [E, out, in/32, 16] and scales [E, out, in/32], one expert at a
+    time (the temporaries of one expert only); ValueError naming `name` if a value does not decode back exactly."""
     experts, k, n = weight.shape
     if k % MXFP4_BLOCK:
         raise ValueError(f"{name}: its input dim {k} is not a multiple of {MXFP4_BLOCK}; not an MXFP4 weight")
     blocks = torch.empty(experts, n, k // MXFP4_BLOCK, MXFP4_BLOCK // 2, dtype=torch.uint8, device=weight.device)
     scales = torch.empty(experts, n, k // MXFP4_BLOCK, dtype=torch.uint8, device=weight.device)
     for e in range(experts):
-        on_disk = weight[e].transpose(0, 1)  # [out, in]: the checkpoint's orientation, blocks along `in`
-        blocks[e], scales[e] = quantize_mxfp4(on_disk)
-        decoded = dequantize_mxfp4(blocks[e], scales[e], dtype=weight.dtype)
-        if not torch.equal(decoded, on_disk):  # == on values: a -0.0 stored as +0 counts as the same
-            changed = int((decoded != on_disk).sum())
+        blocks[e], scales[e] = expert_to_disk(weight[e])
+        decoded = expert_from_disk(blocks[e], scales[e], weight.dtype)
+        if not torch.equal(decoded, weight[e]):  # == on values: a -0.0 stored as +0 counts as the same
+            changed = int((decoded != weight[e]).sum())
             raise ValueError(
-                f"model.experts_implementation: {MXFP4_EXPERTS}: {name}, expert {e}: {changed} of {on_disk.numel()} "
+                f"model.experts_implementation: {MXFP4_EXPERTS}: {name}, expert {e}: {changed} of {weight[e].numel()} "
                 "values change when encoded in MXFP4, so these are not the weights of an MXFP4 checkpoint; allowed: "
                 "grouped_mm, or a base stored in MXFP4 (as openai/gpt-oss-20b) loaded with quantization.method "
                 "mxfp4-dequantize")
