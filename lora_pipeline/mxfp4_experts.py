@@ -63,19 +63,24 @@ def forced_path(path: str):
         _forced.pop()
 
 
+def _grouped_mm_kernel():
+    """torch's grouped GEMM: torch.nn.functional.grouped_mm (torch 2.10 on), else torch._grouped_mm, else None."""
+    return getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
 def matmul_path(device: torch.device, dtype: torch.dtype) -> str:
-    """grouped_mm where torch has a grouped GEMM for the device and dtype (CUDA: bf16 on compute capability 8.0 and
-    above; CPU: float32, bfloat16, float16), else loop."""
+    """grouped_mm where torch has a grouped GEMM for the device and dtype, as transformers' grouped_mm path decides
+    (CUDA: bf16 on compute capability 8.0 and above, 9.0 for the older torch._grouped_mm; CPU: float32, bfloat16,
+    float16 with torch.nn.functional.grouped_mm), else loop."""
     if _forced:
         return _forced[-1]
-    if getattr(torch.nn.functional, "grouped_mm", None) is None:
-        return "loop"
-    if torch.compiler.is_compiling() and dtype != torch.bfloat16:
+    if _grouped_mm_kernel() is None or torch.compiler.is_compiling() and dtype != torch.bfloat16:
         return "loop"  # Inductor lowers grouped_mm for bf16 only
     if device.type == "cuda":
-        return "grouped_mm" if dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) >= (8, 0) \
+        needed = (8, 0) if hasattr(torch.nn.functional, "grouped_mm") else (9, 0)
+        return "grouped_mm" if dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) >= needed \
             else "loop"
-    if device.type == "cpu":
+    if device.type == "cpu" and hasattr(torch.nn.functional, "grouped_mm"):
         return "grouped_mm" if dtype in (torch.float32, torch.bfloat16, torch.float16) else "loop"
     return "loop"
 
@@ -83,7 +88,7 @@ def matmul_path(device: torch.device, dtype: torch.dtype) -> str:
 def _grouped(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, path: str) -> torch.Tensor:
     """Rows of x [S, K] sorted by expert (offsets: each expert's end row) times weight[e] [K, N]: [S, N]."""
     if path == "grouped_mm":
-        return torch.nn.functional.grouped_mm(x, weight, offs=offsets)
+        return _grouped_mm_kernel()(x, weight, offs=offsets)
     out = x.new_zeros(x.shape[0], weight.shape[-1])
     start = 0
     for e, end in enumerate(offsets.tolist()):  # one host sync for all experts
@@ -95,7 +100,7 @@ def _grouped(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, path:
 
 class PackedGroupedLinear(torch.autograd.Function):
     """x [S, in] (rows sorted by expert) times each expert's frozen weight, stored packed: blocks
-    [E, out, in/32, 16] and scales [E, out, in/32] (uint8, lora_pipeline.mxfp4's layout). Returns [S, out] in
+    [E, out, in/32, 16] and scales [E, out, in/32] (uint8, mxfp4_checkpoint.expert_to_disk). Returns [S, out] in
     `dtype`, computed in `dtype` (autocast off).
 
     The weight is decoded into a temporary in the forward and again in the backward: what autograd keeps is the
