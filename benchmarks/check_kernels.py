@@ -9,9 +9,14 @@ Checks, each as max |logit diff| and |loss diff| against a float32 eager referen
   - padding-free (rows concatenated, position_ids) vs padded rows: the same per-token loss;
   - generation: the implementations evaluate decodes with (lora_pipeline.generation.use_for_generation, from a model
     loaded as the recipes train it), greedy with a KV cache after left-padded prompts; each step's logits against
-    a float32 forward over the same tokens with eager attention and the eager experts loop.
+    a float32 forward over the same tokens with eager attention and the eager experts loop;
+  - mxfp4_experts: gpt-oss's frozen experts packed in MXFP4 (grouped_mm_mxfp4, lora_pipeline.mxfp4_experts) vs the
+    bf16 grouped_mm path over the same MXFP4 values, 2 layers of gpt-oss-20b's shapes: logits, loss, the input
+    embeddings' and attention LoRA's gradients, the model's bytes, the extra peak memory of a forward + backward and
+    its time; and one layer's experts alone (forward + backward, 8192 tokens), with the time of one weight decode.
 bf16 tolerance: a swap passes when its error against the float32 reference is at most 2x the stock bf16 path's
-own error plus 1e-2 (bf16 keeps 8 bits of mantissa: ~4e-3 relative per rounding).
+own error plus 1e-2 (bf16 keeps 8 bits of mantissa: ~4e-3 relative per rounding); for gradients the same on the
+relative norm of the error.
 """
 import argparse
 import copy
@@ -189,8 +194,165 @@ def check_generation(rows):
         rows.append(row)
 
 
+def mxfp4_values(model) -> None:
+    """Every expert weight replaced, in place, by its MXFP4 round trip: the values a dequantized MXFP4 checkpoint
+    holds (what grouped_mm_mxfp4 packs losslessly)."""
+    from lora_pipeline.mxfp4_checkpoint import expert_from_disk, expert_to_disk
+
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                for e in range(weight.shape[0]):
+                    weight[e].copy_(expert_from_disk(*expert_to_disk(weight[e]), weight.dtype))
+
+
+def model_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def timed_ms(step, repeats=5) -> float:
+    """The median wall time of `step()` on the GPU, after one warm-up call."""
+    import statistics
+    import time
+
+    step()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def lora_pass(model, ids):
+    """LoRA (r 8, random A and B, seeded) on the attention projections, input embeddings that need a gradient: the
+    logits, loss, the embeddings' and LoRA's gradients of one forward + backward, the extra peak memory it takes
+    over what was allocated before it (activations and transients, GiB) and its median time (ms)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, init_lora_weights=False,
+                                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    lora = [p for p in peft_model.parameters() if p.requires_grad]
+    embeds = peft_model.get_input_embeddings()(ids).detach().requires_grad_()
+
+    def step():
+        embeds.grad = None
+        for p in lora:
+            p.grad = None
+        out = peft_model(inputs_embeds=embeds, labels=ids)
+        out.loss.backward()
+        return out
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = step()
+    torch.cuda.synchronize()
+    extra_gib = (torch.cuda.max_memory_allocated() - before) / 2**30
+    result = {"logits": out.logits.detach().float(), "loss": out.loss.detach().float(),
+              "embeds_grad": embeds.grad.float().clone(),
+              "lora_grads": torch.cat([p.grad.flatten().float() for p in lora]), "extra_peak_gib": extra_gib}
+    del out
+    result["ms"] = timed_ms(step)
+    return result
+
+
+def check_mxfp4_experts(rows, layers=2, tokens=2048):
+    """grouped_mm_mxfp4 against the bf16 grouped_mm path, gpt-oss-20b's widths (hidden and intermediate 2880, 32
+    experts, top 4) over `layers` layers, the same MXFP4 values in both; reference: the same model in float32 with
+    the eager experts loop."""
+    from pipeline_setup import gpt_oss_20b_config  # benchmarks/, the script's folder
+    from transformers import GptOssForCausalLM
+
+    from lora_pipeline.mxfp4 import dequantize_mxfp4
+    from lora_pipeline.mxfp4_checkpoint import expert_from_disk
+    from lora_pipeline.mxfp4_experts import grouped_mm_mxfp4_experts_forward, pack_experts, paths_run
+
+    config = gpt_oss_20b_config(layers, vocab_size=4096)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            base = GptOssForCausalLM(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    with torch.no_grad():
+        for layer in base.model.layers:  # sinks away from zero, as the attention check has them
+            layer.self_attn.sinks.normal_(0, 1)
+    mxfp4_values(base)
+    ids = torch.randint(3, 4096, (2, tokens // 2), device="cuda")
+    values = sum(p.numel() for n, p in base.named_parameters() if n.endswith(("experts.gate_up_proj",
+                                                                              "experts.down_proj")))
+    reference = lora_pass(set_impl(copy.deepcopy(base).float(), "eager", "eager"), ids)
+    stock_model = set_impl(copy.deepcopy(base), "eager", "grouped_mm")
+    stock_bytes = model_bytes(stock_model)
+    stock = lora_pass(stock_model, ids)
+    del stock_model
+    packed_model = set_impl(base, "eager", "grouped_mm")
+    summary = pack_experts(packed_model)
+    packed_bytes = model_bytes(packed_model)
+    packed = lora_pass(packed_model, ids)
+    ran = paths_run(packed_model)
+    row = compare(f"gpt-oss experts: grouped_mm_mxfp4 (packed MXFP4) vs grouped_mm (bf16), {layers} layers of "
+                  "gpt-oss-20b's shapes", (reference["logits"], reference["loss"]),
+                  (stock["logits"], stock["loss"]), (packed["logits"], packed["loss"]))
+    rel = lambda x, ref: ((x - ref).norm() / ref.norm()).item()  # noqa: E731
+    grads_pass = True
+    for key in ("embeds_grad", "lora_grads"):
+        stock_err, packed_err = rel(stock[key], reference[key]), rel(packed[key], reference[key])
+        row |= {f"{key}_stock_bf16_vs_fp32_rel": stock_err, f"{key}_swap_bf16_vs_fp32_rel": packed_err,
+                f"{key}_swap_vs_stock_rel": rel(packed[key], stock[key]), f"{key}_tolerance": 2 * stock_err + 1e-2}
+        grads_pass &= packed_err <= 2 * stock_err + 1e-2
+    row |= {"paths_run": ran, "tokens": tokens, "expert_values": values,
+            "model_gib_stock": stock_bytes / 2**30, "model_gib_packed": packed_bytes / 2**30,
+            "model_gib_saved_expected": values * (2 - 17 / 32) / 2**30,
+            "extra_peak_gib_stock": stock["extra_peak_gib"], "extra_peak_gib_packed": packed["extra_peak_gib"],
+            "forward_backward_ms_stock": stock["ms"], "forward_backward_ms_packed": packed["ms"], "packed": summary}
+    row["pass"] = bool(row["pass"] and grads_pass and ran == ["grouped_mm"]
+                       and stock_bytes - packed_bytes == values * 2 - values * 17 // 32)
+    rows.append(row)
+
+    # One layer's experts alone, 8192 tokens routed to 4 of 32 experts: the bf16 grouped GEMMs against the packed
+    # path (two decodes in the forward, two in the backward), and one decode of gate_up_proj.
+    experts = packed_model.model.layers[0].mlp.experts  # peft injected LoRA into the model in place
+    hidden = torch.randn(8192, config.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    logits = torch.randn(8192, config.num_local_experts, device="cuda")
+    top, index = logits.topk(config.num_experts_per_tok, dim=-1)
+    weights = top.softmax(-1).to(torch.bfloat16)
+    bf16 = copy.deepcopy(experts)
+    for name in ("gate_up_proj", "down_proj"):  # the 16-bit weights back, [E, in, out], for the stock path
+        blocks, scales = getattr(bf16, f"{name}_blocks"), getattr(bf16, f"{name}_scales")
+        weight = expert_from_disk(blocks, scales).contiguous()  # [E, in, out], as the loaded model holds it
+        bf16.register_parameter(name, torch.nn.Parameter(weight, requires_grad=False))
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    def stock_step():
+        hidden.grad = None
+        grouped_mm_experts_forward(bf16, hidden, index, weights).float().sum().backward()
+
+    def packed_step():
+        hidden.grad = None
+        grouped_mm_mxfp4_experts_forward(experts, hidden, index, weights).float().sum().backward()
+
+    stock_step()
+    stock_out, stock_grad = grouped_mm_experts_forward(bf16, hidden, index, weights).detach(), hidden.grad.clone()
+    packed_step()
+    packed_out, packed_grad = grouped_mm_mxfp4_experts_forward(experts, hidden, index, weights).detach(), \
+        hidden.grad.clone()
+    decode_ms = timed_ms(lambda: dequantize_mxfp4(experts.gate_up_proj_blocks, experts.gate_up_proj_scales))
+    out_rel, grad_rel = rel(packed_out.float(), stock_out.float()), rel(packed_grad.float(), stock_grad.float())
+    rows.append({"check": "gpt-oss experts alone (one layer, 8192 tokens, bf16): grouped_mm_mxfp4 vs grouped_mm",
+                 "output_rel_diff": out_rel, "input_grad_rel_diff": grad_rel,
+                 "forward_backward_ms_stock": timed_ms(stock_step), "forward_backward_ms_packed": timed_ms(packed_step),
+                 "decode_gate_up_ms": decode_ms, "tolerance": "relative difference at most 8e-3 (two bf16 roundings)",
+                 "pass": bool(out_rel <= 8e-3 and grad_rel <= 8e-3)})
+
+
 CHECKS = {"generation": check_generation, "gpt-oss": check_gpt_oss, "liger": check_liger,
-          "padding-free": check_padding_free}
+          "mxfp4_experts": check_mxfp4_experts, "padding-free": check_padding_free}
 
 
 def main():

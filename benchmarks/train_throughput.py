@@ -9,6 +9,10 @@ seed baseline's (../shared/bench/seed_baseline.py), so the two tokens/s figures 
         --recipe qwen2-0.5b --arch qwen2-0.5b --out ours.jsonl
 Prints one JSON line: tokens/s over all processes (non-padding tokens after warm-up), step time, peak GiB per
 GPU while training and while loading, MFU, the global batch and the implementations that ran.
+
+gpt-oss-20b with its frozen experts kept in MXFP4 (lora_pipeline.mxfp4_experts), without recompute:
+    python benchmarks/train_throughput.py --recipe gpt-oss-20b --arch gpt-oss-20b \
+        --set model.experts_implementation=grouped_mm_mxfp4 --set train.sft.gradient_checkpointing=false
 """
 import argparse
 import faulthandler
@@ -24,6 +28,7 @@ if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun
 
 import torch
 
+from lora_pipeline.mxfp4_experts import paths_run
 from lora_pipeline.params import for_stage, validate
 from lora_pipeline.recipes import apply_sets, compose
 from lora_pipeline.training import build_trainer, save_adapter
@@ -111,6 +116,9 @@ def active_params(model) -> int:
             continue
         share = config.num_experts_per_tok / config.num_local_experts if ".experts." in name else 1.0
         total += getattr(p, "ds_numel", p.numel()) * share  # DeepSpeed ZeRO-3 leaves a 0-element placeholder
+    for name, b in model.named_buffers():  # experts packed in MXFP4 (grouped_mm_mxfp4): two values a byte
+        if ".experts." in name and name.endswith("_blocks"):
+            total += b.numel() * 2 * config.num_experts_per_tok / config.num_local_experts
     return int(total)
 
 
@@ -229,7 +237,7 @@ def main():
                "global_batch": sft.per_device_train_batch_size * sft.gradient_accumulation_steps * state.num_processes,
                "micro_batch": sft.per_device_train_batch_size, "grad_accum": sft.gradient_accumulation_steps,
                "max_length": raw["train"]["sft"]["max_length"], "dtype": raw["model"]["dtype"],
-               "implementations": implementations, "overrides": args.set,
+               "implementations": implementations, "mxfp4_paths": paths_run(trainer.model), "overrides": args.set,
                "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
                "commit": args.commit}

@@ -177,6 +177,30 @@ def check_quantization(model, quantization, train, distributed: str | None, root
         raise ValueError("\n".join(problems))
 
 
+def check_packed_experts(model, lora, distributed: str | None, accelerate_config: str, root: Path = ROOT) -> None:
+    """model.experts_implementation grouped_mm_mxfp4 (the frozen experts kept in MXFP4 while training) needs a gpt-oss
+    base stored in MXFP4, LoRA that leaves the experts' weights alone, and one replica per process; what is not known
+    before fetch (a Hub model's config) the train stage checks on the loaded weights."""
+    from lora_pipeline.modeling import MXFP4_EXPERTS
+
+    if model.experts_implementation != MXFP4_EXPERTS:
+        return
+    from lora_pipeline.mxfp4_experts import packing_problems
+
+    config = base_model_config(model, root)
+    stored = base_stored_quantization(model, root)
+    problems = packing_problems(config.model_type if config is not None else None,
+                                None if stored == UNKNOWN else stored or "none", lora.target_parameters)
+    if distributed in SHARDED:
+        problems.append(f"model.experts_implementation: {MXFP4_EXPERTS} with train.accelerate_config "
+                        f"{accelerate_config} ({distributed}): the packed experts are buffers, which FSDP and "
+                        "DeepSpeed do not shard (each process would hold all of them), and the path is not tested "
+                        "there; allowed: grouped_mm, or a config with one replica per process (single_gpu, multi_gpu, "
+                        "...)")
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
 def compute_dtype_problem(method: str, compute: str, dtype: str, sft) -> str | None:
     """Why an explicit quantization.compute_dtype makes no sense with these params on this machine, or None."""
     import torch

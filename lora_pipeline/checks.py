@@ -9,7 +9,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from lora_pipeline import dvcfiles
-from lora_pipeline.base_model import check_base_model, check_quantization, check_save_format, check_tiny
+from lora_pipeline.base_model import (check_base_model, check_packed_experts, check_quantization, check_save_format,
+                                     check_tiny)
 from lora_pipeline.cache import cached
 from lora_pipeline.formats import check_format
 from lora_pipeline.launch import check_eval_launch, check_machine, distributed_type
@@ -40,6 +41,8 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
         lambda: check_machine(view.model, view.train, root),
         lambda: check_base_model(view.model, view.lora, root),
         lambda: check_quantization(view.model, view.quantization, view.train, distributed_type(view.train, root), root),
+        lambda: check_packed_experts(view.model, view.lora, distributed_type(view.train, root),
+                                     view.train.accelerate_config, root),
         lambda: check_save_format(view.model, view.merge, root),
         lambda: check_eval(view.eval),
         lambda: check_eval_launch(view.eval, root),

@@ -11,6 +11,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# gpt-oss's frozen experts kept in MXFP4 while training (lora_pipeline.mxfp4_experts): loaded as grouped_mm, the same
+# arithmetic on the 16-bit experts, and packed by the train stage after loading.
+MXFP4_EXPERTS = "grouped_mm_mxfp4"
 
 
 def device() -> torch.device:
@@ -42,6 +45,9 @@ def runnable_implementations(model_type: str, model_params) -> dict:
     if attention == "sdpa" and model_type == "gpt_oss":
         notes.append("gpt-oss has no sdpa attention (attention sinks)")
         attention = "eager"
+    if experts == MXFP4_EXPERTS:
+        notes.append(f"{MXFP4_EXPERTS} loads as grouped_mm; the train stage then packs the frozen experts in MXFP4")
+        experts = "grouped_mm"
     return {"attention": attention, "experts": experts, "notes": notes}
 
 

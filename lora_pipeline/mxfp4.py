@@ -88,6 +88,18 @@ def _e2m1_codes(q: torch.Tensor, midpoints: torch.Tensor) -> torch.Tensor:
     return code | (((q < 0) & (code > 0)).to(code.dtype) << 3)  # a value rounding to 0 is stored as +0
 
 
+_LUTS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _lut(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """FP4_VALUES as a tensor, made once per dtype and device: copied to a GPU at every call, the table would stop the
+    host until the GPU caught up (a blocking copy), at each decode of the packed experts in training."""
+    key = (dtype, device)
+    if key not in _LUTS:
+        _LUTS[key] = torch.tensor(FP4_VALUES, dtype=dtype, device=device)
+    return _LUTS[key]
+
+
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Inverse, pure torch: [..., K/32, 16] + [..., K/32] -> [..., K].
 
@@ -104,7 +116,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
             f"{tuple(scales.shape)}"
         )
     *prefix, groups, nbytes = blocks.shape
-    lut = torch.tensor(FP4_VALUES, dtype=dtype, device=blocks.device)
+    lut = _lut(dtype, blocks.device)
     flat = blocks.reshape(-1, nbytes)
     exp = scales.reshape(-1, 1).to(torch.int32) - _E8M0_BIAS
     out = torch.empty(flat.shape[0], 2 * nbytes, dtype=dtype, device=blocks.device)

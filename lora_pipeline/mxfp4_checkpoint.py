@@ -15,6 +15,8 @@ from lora_pipeline.outputs import replace_dir, staging_dir, write_json
 
 __all__ = [
     "GPT_OSS_MODULES_TO_NOT_CONVERT",
+    "expert_to_disk",
+    "expert_from_disk",
     "save_mxfp4_checkpoint",
     "is_mxfp4_checkpoint",
     "load_into",
@@ -41,6 +43,17 @@ def _is_expert_param(name: str) -> bool:
     return name.endswith(_EXPERT_PARAMS)
 
 
+def expert_to_disk(weight: torch.Tensor, scale: str = "round_up") -> tuple[torch.Tensor, torch.Tensor]:
+    """An expert weight as GptOssExperts holds it, [..., in, out], to the checkpoint's `_blocks` [..., out, in/32, 16]
+    and `_scales` [..., out, in/32] (quantize_mxfp4 along `in`, in the openai checkpoints' orientation)."""
+    return quantize_mxfp4(weight.transpose(-2, -1), scale=scale)
+
+
+def expert_from_disk(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Inverse of expert_to_disk: the weight [..., in, out], a transposed view of the decoded [..., out, in]."""
+    return dequantize_mxfp4(blocks, scales, dtype=dtype).transpose(-2, -1)
+
+
 def _checkpoint_entries(model, scale: str, device) -> list[tuple[str, int, object]]:
     """(key, bytes on disk, make) for every tensor an MXFP4 checkpoint of `model` holds, in state_dict order;
     make() computes the tensor only when its shard is written. Tied weights (e.g. lm_head -> embed_tokens) once."""
@@ -51,7 +64,7 @@ def _checkpoint_entries(model, scale: str, device) -> list[tuple[str, int, objec
             if name not in cache:  # blocks and scales of one param come from one quantize call
                 cache.clear()
                 w = t.to(device) if device is not None else t  # quantized where it lives unless told otherwise
-                blocks, scales = quantize_mxfp4(w.transpose(1, 2), scale=scale)  # [E, in, out] -> disk [E, out, in]
+                blocks, scales = expert_to_disk(w, scale)  # [E, in, out] -> disk [E, out, in]
                 cache[name] = {"blocks": blocks.contiguous().cpu(), "scales": scales.contiguous().cpu()}
             return cache[name][part]
         return make
@@ -197,7 +210,7 @@ def load_into(model, path, device=None) -> None:
                 raise ValueError(f"{path}: {name} is no weight of the model")
             if name.endswith("_blocks"):
                 blocks, scales = (_read(files, n).to(device or "cpu") for n in (name, target + "_scales"))
-                value = dequantize_mxfp4(blocks, scales, dtype=torch.bfloat16).transpose(1, 2)
+                value = expert_from_disk(blocks, scales)
             else:
                 value = _read(files, name)
             if tuple(value.shape) != tuple(state[target].shape):
@@ -233,7 +246,7 @@ def save_dequantized(path, out_dir, device=None, max_shard_size: int = 5 * 2**30
 
     def dequantized(name):
         blocks, scales = (_read(files, n).to(device or "cpu") for n in (f"{name}_blocks", f"{name}_scales"))
-        return dequantize_mxfp4(blocks, scales, dtype=torch.bfloat16).transpose(1, 2).contiguous().cpu()
+        return expert_from_disk(blocks, scales).contiguous().cpu()
 
     entries = []
     for name in files:

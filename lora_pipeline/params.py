@@ -116,7 +116,7 @@ class Model(_Section):
     revision: str
     dtype: Literal["float32", "bfloat16", "float16"]
     attn_implementation: Literal["eager", "sdpa", "flex_attention", "flash_attention_2"]
-    experts_implementation: Literal["eager", "grouped_mm", "batched_mm"]
+    experts_implementation: Literal["eager", "grouped_mm", "batched_mm", "grouped_mm_mxfp4"]
     trust_remote_code: bool
     tiny: TinyModel
 

@@ -14,8 +14,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig, SFTTrainer
 
 from lora_pipeline.checkpoints import write_manifest
-from lora_pipeline.modeling import (BITSANDBYTES, apply_liger, load_model, load_tokenizer, lora_config,
+from lora_pipeline.modeling import (BITSANDBYTES, MXFP4_EXPERTS, apply_liger, load_model, load_tokenizer, lora_config,
                                    training_device_map)
+from lora_pipeline.mxfp4_experts import pack_experts
 from lora_pipeline.stage_outputs import train_sft_args
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,11 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     model = load_model(base, params.model, params.quantization, device_map=training_device_map())
     model.config.use_cache = False
+    packed = None
+    if params.model.experts_implementation == MXFP4_EXPERTS:  # the frozen experts back in MXFP4, before LoRA
+        packed = pack_experts(model, params.lora.target_parameters)
+        if args.ddp_broadcast_buffers is None:  # DDP would send the packed experts (buffers) before every forward
+            args.ddp_broadcast_buffers = False
     quantized = sum(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules())
     if params.quantization.method in BITSANDBYTES:  # QLoRA: the 4/8-bit base frozen, its other weights in float32
         from peft import prepare_model_for_kbit_training
@@ -107,6 +113,8 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
               "quantization": params.quantization.method, "quantized_layers": quantized,
               "attention": model.config._attn_implementation, "block_mask": block_mask,
               "experts": getattr(model.config, "_experts_implementation", None), "liger": liger, **levers}
+    if packed:  # only then: the adapter's training_info.json of any other run stays as it was
+        record["packed_experts"] = {**packed, "ddp_broadcast_buffers": args.ddp_broadcast_buffers}
     log.warning("training with %s", record)
     return trainer, record
 
