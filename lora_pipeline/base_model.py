@@ -12,7 +12,7 @@ from pathlib import Path
 from lora_pipeline import dvcfiles
 from lora_pipeline.cache import cached
 from lora_pipeline.dvcfiles import ROOT
-from lora_pipeline.launch import SHARDED
+from lora_pipeline.machine import SHARDED
 
 
 TINY_MODEL_TYPES = {"tiny-qwen2": "qwen2", "tiny-gpt-oss": "gpt_oss"}

@@ -122,7 +122,7 @@ def test_gate_metric_names_its_metrics_file():
 def test_mixed_precision_on_a_cpu_is_refused_before_training():
     import torch
 
-    from lora_pipeline.launch import check_machine
+    from lora_pipeline.machine import check_machine
     from lora_pipeline.params import Train
 
     if torch.cuda.is_available():
