@@ -9,7 +9,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from lora_pipeline import dvcfiles
-from lora_pipeline.base_model import check_base_model, check_quantization, check_save_format, check_tiny
+from lora_pipeline.model_checks import check_base_model, check_quantization, check_save_format, check_tiny
 from lora_pipeline.cache import cached
 from lora_pipeline.formats import check_format
 from lora_pipeline.machine import check_eval_launch, check_machine, distributed_type
