@@ -4,8 +4,8 @@ import yaml
 
 from conftest import MGSM
 from lora_pipeline.checks import check_split
+from lora_pipeline.eval_checks import check_eval, check_register
 from lora_pipeline.local_data import check_data, local_rows
-from lora_pipeline.metrics import check_eval, check_register
 from lora_pipeline.modeling import check_model
 from conftest import ROOT
 from lora_pipeline.params import Data, Eval, Model, Register, Split
