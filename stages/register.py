@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import mlflow
 from mlflow import MlflowClient
 
-from lora_pipeline import registry, tracking
+from lora_pipeline import registry, serving, tracking
 from lora_pipeline.outputs import write_json
 from lora_pipeline.params import ROOT, flat_keys, load_params
 from lora_pipeline.stage_outputs import METRICS
@@ -85,9 +85,9 @@ def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_
     else:  # a new model, or one whose registration was interrupted before its aliases were set
         if version is None:
             if reg.log_mode == "merged":
-                info = registry.log_merged_model(Path(model_dir), params.model, params.quantization)
+                info = serving.log_merged_model(Path(model_dir), params.model, params.quantization)
             else:
-                info = registry.log_adapter_model(Path(model_dir), params.model, params.quantization)
+                info = serving.log_adapter_model(Path(model_dir), params.model, params.quantization)
             version = registry.register_version(client, reg.model_name, info, {"model_md5": model_md5})
         client.update_model_version(reg.model_name, version.version,
                                     registry.describe(run_params, metrics, tags["git_commit"]))
