@@ -1,16 +1,23 @@
-"""MLflow for the register stage: provenance from dvc.lock, model versions, and the champion/candidate aliases
-(where runs go: lora_pipeline.tracking; the served model: lora_pipeline.serving)."""
+"""MLflow for the register stage: provenance from dvc.lock, model versions, the champion/candidate aliases, and the
+stage's run completed and its model registered (where runs go: lora_pipeline.tracking; the served model:
+lora_pipeline.serving)."""
 from __future__ import annotations
 
+import csv
+import hashlib
+import json
+import os
 import subprocess
+import time
 from pathlib import Path
 
 import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from lora_pipeline import dvcfiles
+from lora_pipeline import dvcfiles, serving, tracking
 from lora_pipeline.params import flat_keys
+from lora_pipeline.stage_outputs import METRICS
 
 
 def lock_provenance(root: Path) -> tuple[dict, dict]:
@@ -111,3 +118,130 @@ def champion_decision(client: MlflowClient, model_name: str, metric: str, value:
     verdict = "beats" if better else "does not beat"
     return {"promote": better, "champion_version": champion.version, "champion_value": current,
             "reason": f"{metric} {value:.4g} {verdict} champion v{champion.version}'s {current}"}
+
+
+# What the register stage logs besides the metrics files (lora_pipeline.stage_outputs.METRICS).
+LOSS_LOG, ARTIFACTS = Path("plots/train_loss.csv"), [Path("reports/demo.txt"), Path("reports/report.png")]
+SPEED = Path("logs/train_speed.json")  # timings of the train stage: logged when present, never a DVC dependency
+ADAPTER = Path("models/adapter")
+
+
+def stage_metrics(gate_metric: str) -> dict:
+    """Every number of the metrics files, as `<prefix>.<dotted key>` (the prefixes of METRICS); stops the stage,
+    naming those known, when `gate_metric` is not among them."""
+    metrics = {f"{stage}.{key}": value for stage, path in METRICS.items()
+               for key, value in flat_keys(json.loads(path.read_text())).items() if isinstance(value, (int, float))}
+    if gate_metric not in metrics:
+        raise SystemExit(f"register.gate_metric '{gate_metric}' is not a metric; known: {sorted(metrics)}")
+    return metrics
+
+
+def csv_records(path: Path) -> list[dict]:
+    """The train stage's per-step log as step records, for a run that has no live record of this training."""
+    now = int(time.time() * 1000)
+    with open(path) as f:
+        return [{"step": int(row.pop("step")), "time": now, "metrics": {k: float(v) for k, v in row.items() if v}}
+                for row in csv.DictReader(f)]
+
+
+def continuable(run, pipeline_md5: str) -> bool:
+    """The train run is this pipeline run's to complete: no register finished it, nor began it for other outputs."""
+    return "registered_version" not in run.data.tags and run.data.tags.get("pipeline_md5", pipeline_md5) == pipeline_md5
+
+
+def start_pipeline_run(client, uri, reg, pipeline_md5, tags, root: Path):
+    """The train stage's run continued, or a new run with the step records (see stages/register.py's docstring)."""
+    training = tracking.finished_training(client, uri, root, reg.experiment, ADAPTER)
+    state, records, train_run = training or (None, csv_records(LOSS_LOG), None)
+    if train_run is not None:
+        tracking.deliver_late(client, state, records, train_run.info.run_id)
+        if continuable(train_run, pipeline_md5):
+            return mlflow.start_run(run_id=train_run.info.run_id)
+        tags["train_run_id"] = train_run.info.run_id
+    run = mlflow.start_run(run_name=os.environ.get("DVC_EXP_NAME"))
+    tracking.log_records(client, run.info.run_id, records)
+    return run
+
+
+def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_dir, root: Path):
+    """This pipeline run's run completed; registers the model unless a finished run already did. -> (run id, version,
+    gate decision)"""
+    reg = params.register
+    model_md5 = md5s.get(model_dir, "")
+    tags = {"git_commit": git_commit(root), "dvc_exp_name": os.environ.get("DVC_EXP_NAME", "workspace"),
+            "model_md5": model_md5, "pipeline_md5": pipeline_md5, **{f"md5.{path}": md5 for path, md5 in md5s.items()}}
+    run = start_pipeline_run(client, uri, reg, pipeline_md5, tags, root)
+    mlflow.set_tags(tags)
+    mlflow.log_params({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in run_params.items()})
+    mlflow.log_metrics(metrics)
+    if SPEED.is_file():
+        mlflow.log_metrics(speed_metrics(json.loads(SPEED.read_text())))
+        mlflow.log_artifact(str(SPEED))
+    for artifact in ARTIFACTS:
+        if artifact.is_file():
+            mlflow.log_artifact(str(artifact))
+    version = find_version_by_tag(client, reg.model_name, "model_md5", model_md5)
+    if version is not None and run_completed(client, version.run_id):  # e.g. only eval params changed
+        decision = {"promote": False, "reason": f"model already registered as v{version.version}"}
+    else:  # a new model, or one whose registration was interrupted before its aliases were set
+        if version is None:
+            if reg.log_mode == "merged":
+                info = serving.log_merged_model(Path(model_dir), params.model, params.quantization)
+            else:
+                info = serving.log_adapter_model(Path(model_dir), params.model, params.quantization)
+            version = register_version(client, reg.model_name, info, {"model_md5": model_md5})
+        client.update_model_version(reg.model_name, version.version,
+                                    describe(run_params, metrics, tags["git_commit"]))
+        decision = champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
+                                     reg.gate_greater_is_better)
+        client.set_registered_model_alias(reg.model_name, "candidate", version.version)
+        if decision["promote"]:
+            client.set_registered_model_alias(reg.model_name, "champion", version.version)
+    mlflow.set_tags({"gate.decision": "champion" if decision["promote"] else "candidate",
+                     "gate.reason": decision["reason"], "registered_version": version.version})
+    mlflow.log_dict(decision, "gate_decision.json")
+    mlflow.end_run()
+    return run.info.run_id, version, decision
+
+
+def register_pipeline_run(params, metrics: dict, root: Path, out: Path) -> dict:
+    """This pipeline run logged to MLflow and its model registered, unless a finished run holds it already; an
+    unreachable server stops the stage in bounded time with one line, `out` untouched. -> what `out` records: the
+    version, its aliases, the run, the gate decision"""
+    reg = params.register
+    md5s, run_params = lock_provenance(root)
+    md5s.pop(str(out), None)
+    model_dir = "models/merged" if reg.log_mode == "merged" else "models/adapter"
+    # This pipeline run: every output it produced, and how it is to be registered.
+    pipeline_md5 = hashlib.md5(json.dumps([md5s, reg.dump()], sort_keys=True).encode()).hexdigest()
+
+    uri = tracking.tracking_uri(root)
+    try:
+        tracking.use_experiment(reg.experiment, root)
+        client = MlflowClient()
+        logged = completed_run(client, reg.experiment, pipeline_md5)
+        if logged is not None:  # this very pipeline run is in MLflow already
+            print(f"run {logged.info.run_id} already holds these outputs (pipeline md5 {pipeline_md5}); nothing to log")
+            run_id, tags = logged.info.run_id, logged.data.tags
+            version = client.get_model_version(reg.model_name, tags["registered_version"])
+            decision = {"promote": tags.get("gate.decision") == "champion", "reason": tags.get("gate.reason")}
+        else:
+            run_id, version, decision = log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5,
+                                                model_dir, root)
+            print(f"logged run {run_id}; {reg.model_name} v{version.version}: {decision['reason']}")
+        aliases = client.get_model_version(reg.model_name, version.version).aliases
+    except Exception as exc:
+        reason, retries = tracking.unreachable(exc), os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+        kept = f"{out} left as it was" if out.exists() else f"nothing registered yet (no {out})"
+        tracking.end_run_failed()
+        if reason is None:
+            raise
+        raise SystemExit(
+            f"register: MLflow at {tracking.redact(uri)} unreachable ({reason}) after "
+            f"{retries} retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES, "
+            f"_BACKOFF_FACTOR, _TIMEOUT set the bound); {kept}, re-run when the server is back") from None
+
+    return {"model_name": reg.model_name, "version": int(version.version),
+            "model_uri": f"models:/{reg.model_name}/{version.version}", "aliases": sorted(aliases),
+            "run_id": run_id, "tracking_uri": tracking.portable_uri(uri, root),
+            "model_md5": md5s.get(model_dir, ""), "gate": decision}
