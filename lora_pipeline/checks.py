@@ -9,13 +9,13 @@ from importlib.metadata import version
 from pathlib import Path
 
 from lora_pipeline import dvcfiles
-from lora_pipeline.base_model import (check_base_model, check_packed_experts, check_quantization, check_save_format,
-                                     check_tiny)
 from lora_pipeline.cache import cached
+from lora_pipeline.eval_checks import check_eval, check_gate_metric, check_register
 from lora_pipeline.formats import check_format
-from lora_pipeline.launch import check_eval_launch, check_machine, distributed_type
 from lora_pipeline.local_data import check_data, local_rows
-from lora_pipeline.metrics import check_eval, check_gate_metric, check_register
+from lora_pipeline.machine import check_eval_launch, check_machine, distributed_type
+from lora_pipeline.model_checks import (check_base_model, check_packed_experts, check_quantization, check_save_format,
+                                       check_tiny)
 from lora_pipeline.modeling import check_model
 from lora_pipeline.params import ROOT, Params, ParamsError, for_stage, validate
 from lora_pipeline.splitting import split_problem

@@ -1,5 +1,5 @@
-"""Evaluation measures: held-out loss, language identification, answer extraction, MGSM loading; and the checks of
-the eval and register params against what evaluate measures."""
+"""Evaluation measures: held-out loss, language identification, answer extraction, MGSM loading, and the figures
+evaluate writes from them (the checks of the eval and register params: lora_pipeline.eval_checks)."""
 from __future__ import annotations
 
 import csv
@@ -10,9 +10,6 @@ from pathlib import Path
 import torch
 
 from lora_pipeline.distributed import gather, process_group
-from lora_pipeline.languages import LANGUAGE_NAMES
-from lora_pipeline.params import flat_keys
-from lora_pipeline.stage_outputs import METRICS
 
 _identifier = None
 
@@ -136,24 +133,6 @@ def loss_figures(total: float, count: int) -> dict:
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": count}
 
 
-def check_eval(ev) -> None:
-    languages = {"eval.languages": ev.languages, "eval.mgsm.languages": ev.mgsm.languages if ev.mgsm.path else []}
-    problems = [f"{key}: unknown codes {unknown}; known: {sorted(LANGUAGE_NAMES)}"
-                for key, codes in languages.items() if (unknown := [c for c in codes if c not in LANGUAGE_NAMES])]
-    if problems:
-        raise ValueError("\n".join(problems))
-    if ev.mgsm.path and ev.mgsm.path != "hub":
-        mgsm_files(ev.mgsm.path, ev.mgsm.languages)
-
-
-def check_register(register) -> None:
-    stage = register.gate_metric.split(".")[0]
-    if stage not in METRICS:
-        *first, last = [f"{prefix}." for prefix in METRICS]
-        raise ValueError(f"register.gate_metric '{register.gate_metric}' must start with {', '.join(first)} or {last} "
-                         "(the metrics file it comes from)")
-
-
 def eval_figures(languages: list[str], loss: dict, heldout: list[dict], mgsm: dict[str, list[bool]],
                  demo_reasoning: str | None) -> dict:
     """One model's figures in metrics/eval.json, as evaluate writes them: from the held-out loss (loss_figures), the
@@ -177,26 +156,3 @@ def eval_figures(languages: list[str], loss: dict, heldout: list[dict], mgsm: di
         figures.setdefault("accuracy", {})["mgsm"] = per_lang
     figures["demo_reasoning_is_german"] = int(demo_reasoning == "de")
     return figures
-
-
-# Figures of metrics/eval.json that register.gate_metric may not name: a count and the demo's check.
-NOT_GATES = {"test.tokens", "demo_reasoning_is_german"}
-
-
-def eval_metric_keys(ev) -> list[str]:
-    """The figures of the fine-tuned model that evaluate writes to metrics/eval.json for these params (those of
-    held-out rows with a user language and an answer too), less NOT_GATES."""
-    heldout = [{"reasoning_language": lang, "reasoning_detected": lang, "user_language": lang, "final_detected": lang,
-                "correct": True} for lang in ev.languages]
-    mgsm = {lang: [True] for lang in ev.mgsm.languages} if ev.mgsm.path else {}
-    figures = flat_keys(eval_figures(ev.languages, loss_figures(0.0, 0), heldout, mgsm, None))
-    return [key for key in figures if key not in NOT_GATES]
-
-
-def check_gate_metric(register, ev) -> None:
-    """An eval. gate metric must be a figure that evaluate writes with these params (train. and merge. figures are
-    checked by register against the metrics files)."""
-    stage, _, key = register.gate_metric.partition(".")
-    if stage == "eval" and key not in (known := eval_metric_keys(ev)):
-        raise ValueError(f"register.gate_metric: '{register.gate_metric}' is not a figure that evaluate writes with "
-                         f"these eval params; allowed: {['eval.' + k for k in known]}")

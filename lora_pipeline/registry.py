@@ -1,20 +1,23 @@
-"""MLflow for the register stage: provenance from dvc.lock, model logging, and the champion/candidate aliases
-(where runs go: lora_pipeline.tracking)."""
+"""MLflow for the register stage: provenance from dvc.lock, model versions, the champion/candidate aliases, and the
+stage's run completed and its model registered (where runs go: lora_pipeline.tracking; the served model:
+lora_pipeline.serving)."""
 from __future__ import annotations
 
-import math
+import csv
+import hashlib
+import json
+import os
 import subprocess
-from numbers import Integral, Real
+import time
 from pathlib import Path
 
 import mlflow
-import numpy as np
-import pandas as pd
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from lora_pipeline import dvcfiles
+from lora_pipeline import dvcfiles, serving, tracking
 from lora_pipeline.params import flat_keys
+from lora_pipeline.stage_outputs import METRICS
 
 
 def lock_provenance(root: Path) -> tuple[dict, dict]:
@@ -117,179 +120,128 @@ def champion_decision(client: MlflowClient, model_name: str, metric: str, value:
             "reason": f"{metric} {value:.4g} {verdict} champion v{champion.version}'s {current}"}
 
 
-# The model params the registered model is loaded with (lora_pipeline.modeling.load_model).
-LOAD_KEYS = ("dtype", "attn_implementation", "experts_implementation", "trust_remote_code")
-# Generation params a caller may pass to predict (params=...): greedy, hence deterministic, unless do_sample.
-GENERATION_DEFAULTS = {"max_new_tokens": 256, "do_sample": False, "temperature": 1.0, "top_p": 1.0}
-OUTPUT_COLUMNS = ("text", "reasoning", "answer")
+# What the register stage logs besides the metrics files (lora_pipeline.stage_outputs.METRICS).
+LOSS_LOG, ARTIFACTS = Path("plots/train_loss.csv"), [Path("reports/demo.txt"), Path("reports/report.png")]
+SPEED = Path("logs/train_speed.json")  # timings of the train stage: logged when present, never a DVC dependency
+ADAPTER = Path("models/adapter")
 
 
-def _invalid(message: str) -> MlflowException:
-    """An error with the request, which `mlflow models serve` answers with HTTP 400 and this message."""
-    return MlflowException.invalid_parameter_value(message)
+def stage_metrics(gate_metric: str) -> dict:
+    """Every number of the metrics files, as `<prefix>.<dotted key>` (the prefixes of METRICS); stops the stage,
+    naming those known, when `gate_metric` is not among them."""
+    metrics = {f"{stage}.{key}": value for stage, path in METRICS.items()
+               for key, value in flat_keys(json.loads(path.read_text())).items() if isinstance(value, (int, float))}
+    if gate_metric not in metrics:
+        raise SystemExit(f"register.gate_metric '{gate_metric}' is not a metric; known: {sorted(metrics)}")
+    return metrics
 
 
-def _shown(value) -> str:
-    if value is None:
-        return "null"
-    value = value.item() if isinstance(value, np.generic) else value  # as JSON sent it: int, not int64
-    shown = repr(value[:60]) if isinstance(value, str) else value
-    return f"{type(value).__name__} {shown}"
+def csv_records(path: Path) -> list[dict]:
+    """The train stage's per-step log as step records, for a run that has no live record of this training."""
+    now = int(time.time() * 1000)
+    with open(path) as f:
+        return [{"step": int(row.pop("step")), "time": now, "metrics": {k: float(v) for k, v in row.items() if v}}
+                for row in csv.DictReader(f)]
 
 
-def checked_prompts(values) -> list[str]:
-    """The prompts of a request, or an error naming the first that is not a non-empty string."""
-    prompts = list(values)
-    if not prompts:
-        raise _invalid("inputs: no prompts; give one or more, each rendered with the model's chat template")
-    for i, prompt in enumerate(prompts):
-        if not isinstance(prompt, str):
-            raise _invalid(f"inputs[{i}]: a prompt must be a string (rendered with the model's chat template), "
-                           f"got {_shown(prompt)}")
-        if not prompt.strip():
-            raise _invalid(f"inputs[{i}]: the prompt is empty")
-    return [str(prompt) for prompt in prompts]
+def continuable(run, pipeline_md5: str) -> bool:
+    """The train run is this pipeline run's to complete: no register finished it, nor began it for other outputs."""
+    return "registered_version" not in run.data.tags and run.data.tags.get("pipeline_md5", pipeline_md5) == pipeline_md5
 
 
-def refuse_unknown_params(params: dict) -> None:
-    if unknown := sorted(map(str, set(params) - set(GENERATION_DEFAULTS))):
-        raise _invalid(f"params: unknown {', '.join(map(repr, unknown))}; allowed: {', '.join(GENERATION_DEFAULTS)}")
+def start_pipeline_run(client, uri, reg, pipeline_md5, tags, root: Path):
+    """The train stage's run continued, or a new run with the step records (see stages/register.py's docstring)."""
+    training = tracking.finished_training(client, uri, root, reg.experiment, ADAPTER)
+    state, records, train_run = training or (None, csv_records(LOSS_LOG), None)
+    if train_run is not None:
+        tracking.deliver_late(client, state, records, train_run.info.run_id)
+        if continuable(train_run, pipeline_md5):
+            return mlflow.start_run(run_id=train_run.info.run_id)
+        tags["train_run_id"] = train_run.info.run_id
+    run = mlflow.start_run(run_name=os.environ.get("DVC_EXP_NAME"))
+    tracking.log_records(client, run.info.run_id, records)
+    return run
 
 
-def checked_generation(params: dict | None) -> dict:
-    """The generation options of a request, defaults filled in (null is the default), or an error naming the param
-    that is unknown, of the wrong type or out of range. temperature and top_p apply, and are range-checked, only
-    with do_sample."""
-    params = params or {}
-    refuse_unknown_params(params)
-    options = {**GENERATION_DEFAULTS, **{key: value for key, value in params.items() if value is not None}}
-    tokens, sample = options["max_new_tokens"], options["do_sample"]
-    if isinstance(tokens, (bool, np.bool_)) or not isinstance(tokens, Integral) or tokens < 1:
-        raise _invalid(f"params.max_new_tokens must be a whole number of at least 1, got {_shown(tokens)}")
-    if not isinstance(sample, (bool, np.bool_)):
-        raise _invalid(f"params.do_sample must be true or false, got {_shown(sample)}")
-    for key in ("temperature", "top_p"):
-        value = options[key]
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, Real) or not math.isfinite(value):
-            raise _invalid(f"params.{key} must be a number, got {_shown(value)}")
-    if sample and options["temperature"] <= 0:
-        raise _invalid(f"params.temperature must be above 0 with do_sample, got {options['temperature']}")
-    if sample and not 0 < options["top_p"] <= 1:
-        raise _invalid(f"params.top_p must be above 0 and at most 1 with do_sample, got {options['top_p']}")
-    return {"max_new_tokens": int(tokens), "do_sample": bool(sample), "temperature": float(options["temperature"]),
-            "top_p": float(options["top_p"])}
+def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_dir, root: Path):
+    """This pipeline run's run completed; registers the model unless a finished run already did. -> (run id, version,
+    gate decision)"""
+    reg = params.register
+    model_md5 = md5s.get(model_dir, "")
+    tags = {"git_commit": git_commit(root), "dvc_exp_name": os.environ.get("DVC_EXP_NAME", "workspace"),
+            "model_md5": model_md5, "pipeline_md5": pipeline_md5, **{f"md5.{path}": md5 for path, md5 in md5s.items()}}
+    run = start_pipeline_run(client, uri, reg, pipeline_md5, tags, root)
+    mlflow.set_tags(tags)
+    mlflow.log_params({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in run_params.items()})
+    mlflow.log_metrics(metrics)
+    if SPEED.is_file():
+        mlflow.log_metrics(speed_metrics(json.loads(SPEED.read_text())))
+        mlflow.log_artifact(str(SPEED))
+    for artifact in ARTIFACTS:
+        if artifact.is_file():
+            mlflow.log_artifact(str(artifact))
+    version = find_version_by_tag(client, reg.model_name, "model_md5", model_md5)
+    if version is not None and run_completed(client, version.run_id):  # e.g. only eval params changed
+        decision = {"promote": False, "reason": f"model already registered as v{version.version}"}
+    else:  # a new model, or one whose registration was interrupted before its aliases were set
+        if version is None:
+            if reg.log_mode == "merged":
+                info = serving.log_merged_model(Path(model_dir), params.model, params.quantization)
+            else:
+                info = serving.log_adapter_model(Path(model_dir), params.model, params.quantization)
+            version = register_version(client, reg.model_name, info, {"model_md5": model_md5})
+        client.update_model_version(reg.model_name, version.version,
+                                    describe(run_params, metrics, tags["git_commit"]))
+        decision = champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
+                                     reg.gate_greater_is_better)
+        client.set_registered_model_alias(reg.model_name, "candidate", version.version)
+        if decision["promote"]:
+            client.set_registered_model_alias(reg.model_name, "champion", version.version)
+    mlflow.set_tags({"gate.decision": "champion" if decision["promote"] else "candidate",
+                     "gate.reason": decision["reason"], "registered_version": version.version})
+    mlflow.log_dict(decision, "gate_decision.json")
+    mlflow.end_run()
+    return run.info.run_id, version, decision
 
 
-def _refuse_undeclared_params() -> None:
-    """MLflow drops the params a model's schema does not declare before predict sees them, with only a warning in
-    the log (mlflow.models.utils._enforce_params_schema): for a schema of the generation params, they are an error
-    instead. Installed once per process, by loading a ChatModel."""
-    import mlflow.pyfunc
+def register_pipeline_run(params, metrics: dict, root: Path, out: Path) -> dict:
+    """This pipeline run logged to MLflow and its model registered, unless a finished run holds it already; an
+    unreachable server stops the stage in bounded time with one line, `out` untouched. -> what `out` records: the
+    version, its aliases, the run, the gate decision"""
+    reg = params.register
+    md5s, run_params = lock_provenance(root)
+    md5s.pop(str(out), None)
+    model_dir = "models/merged" if reg.log_mode == "merged" else "models/adapter"
+    # This pipeline run: every output it produced, and how it is to be registered.
+    pipeline_md5 = hashlib.md5(json.dumps([md5s, reg.dump()], sort_keys=True).encode()).hexdigest()
 
-    enforce = mlflow.pyfunc._enforce_params_schema
-    if getattr(enforce, "refuses_undeclared", False):
-        return
+    uri = tracking.tracking_uri(root)
+    try:
+        tracking.use_experiment(reg.experiment, root)
+        client = MlflowClient()
+        logged = completed_run(client, reg.experiment, pipeline_md5)
+        if logged is not None:  # this very pipeline run is in MLflow already
+            print(f"run {logged.info.run_id} already holds these outputs (pipeline md5 {pipeline_md5}); nothing to log")
+            run_id, tags = logged.info.run_id, logged.data.tags
+            version = client.get_model_version(reg.model_name, tags["registered_version"])
+            decision = {"promote": tags.get("gate.decision") == "champion", "reason": tags.get("gate.reason")}
+        else:
+            run_id, version, decision = log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5,
+                                                model_dir, root)
+            print(f"logged run {run_id}; {reg.model_name} v{version.version}: {decision['reason']}")
+        aliases = client.get_model_version(reg.model_name, version.version).aliases
+    except Exception as exc:
+        reason, retries = tracking.unreachable(exc), os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+        kept = f"{out} left as it was" if out.exists() else f"nothing registered yet (no {out})"
+        tracking.end_run_failed()
+        if reason is None:
+            raise
+        raise SystemExit(
+            f"register: MLflow at {tracking.redact(uri)} unreachable ({reason}) after "
+            f"{retries} retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES, "
+            f"_BACKOFF_FACTOR, _TIMEOUT set the bound); {kept}, re-run when the server is back") from None
 
-    def strict(params, schema):
-        declared = {param.name for param in schema.params} if schema is not None else None
-        if isinstance(params, dict) and declared == set(GENERATION_DEFAULTS):
-            refuse_unknown_params(params)
-        return enforce(params, schema)
-
-    strict.refuses_undeclared = True
-    mlflow.pyfunc._enforce_params_schema = strict
-
-
-class ChatModel(mlflow.pyfunc.PythonModel):
-    """pyfunc over the merged model, or over the adapter applied at load time to a referenced base (for models too
-    big to copy). Input: prompts rendered with the chat template; output: the assistant's new text only, its
-    reasoning and its final answer."""
-
-    def load_context(self, context):
-        from types import SimpleNamespace
-
-        from transformers import AutoTokenizer
-
-        from lora_pipeline.modeling import load_model
-
-        _refuse_undeclared_params()
-        config = context.model_config
-        options = SimpleNamespace(**{key: config[key] for key in LOAD_KEYS})
-        if "model" in context.artifacts:
-            self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["model"], trust_remote_code=options.trust_remote_code)
-            self.model = load_model(context.artifacts["model"], options).eval()
-            return
-        from peft import PeftModel
-
-        # The base in full precision (MXFP4 experts dequantized), as the merge uses it, whatever it was trained in.
-        self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["adapter"],
-                                                       trust_remote_code=options.trust_remote_code)
-        model = load_model(config["base"], options, revision=config.get("revision") or None)
-        self.model = PeftModel.from_pretrained(model, context.artifacts["adapter"]).eval()
-
-    # The DataFrame hint (the signature turns a list of prompts into one) also spares MLflow's type-hint warning.
-    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        from lora_pipeline.chat import split_reasoning
-        from lora_pipeline.generation import generate_from_prompts
-
-        prompts = checked_prompts(model_input.iloc[:, 0])
-        options = checked_generation(params)
-        sampling = {"do_sample": options["do_sample"]}
-        if sampling["do_sample"]:
-            sampling.update(temperature=options["temperature"], top_p=options["top_p"])
-        generated = generate_from_prompts(self.model, self.tokenizer, prompts, options["max_new_tokens"],
-                                          batch_size=8, **sampling)
-        rows = []
-        for raw in generated:
-            reasoning, answer = split_reasoning(raw)
-            text = self.tokenizer.decode(self.tokenizer(raw, add_special_tokens=False)["input_ids"],
-                                         skip_special_tokens=True).strip()
-            rows.append({"text": text, "reasoning": reasoning, "answer": answer})
-        return pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
-
-
-def _pip_requirements() -> list[str]:
-    """Exact versions of what loading the model needs (inferred ones would add torchvision, which breaks)."""
-    from importlib.metadata import version
-
-    return [f"{name}=={version(name).split('+')[0]}" for name in
-            ("torch", "transformers", "tokenizers", "safetensors", "accelerate", "peft", "pandas")]
-
-
-def _signature():
-    """Prompts in; text, reasoning and answer out; the generation params with their defaults. The prompt column is
-    of type Any: `mlflow models serve` casts a request's inputs to a string column's type before any check (123
-    becomes "123"), and a named column would refuse a plain list of prompts; predict checks each prompt instead."""
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
-    from mlflow.types.schema import AnyType
-
-    types = {bool: DataType.boolean, int: DataType.long, float: DataType.double}
-    params = ParamSchema([ParamSpec(name, types[type(default)], default)
-                          for name, default in GENERATION_DEFAULTS.items()])
-    return ModelSignature(inputs=Schema([ColSpec(AnyType())]),
-                          outputs=Schema([ColSpec(DataType.string, name) for name in OUTPUT_COLUMNS]), params=params)
-
-
-def _log_chat_model(artifacts: dict, config: dict):
-    return mlflow.pyfunc.log_model(name="model", python_model=ChatModel(), artifacts=artifacts, model_config=config,
-                                   pip_requirements=_pip_requirements(), signature=_signature(),
-                                   code_paths=[str(Path(__file__).parent)])
-
-
-def _load_config(model_params, quantization) -> dict:
-    """How the registered model loads, and the quantization its adapter was trained with (a record only)."""
-    return {**{key: getattr(model_params, key) for key in LOAD_KEYS}, "trained_quantization": quantization.method}
-
-
-def log_merged_model(model_dir: Path, model_params, quantization):
-    """The merged model, its weights copied into the run."""
-    return _log_chat_model({"model": str(model_dir)}, _load_config(model_params, quantization))
-
-
-def log_adapter_model(adapter_dir: Path, model_params, quantization):
-    """Only the adapter, with a reference to its base (a Hub id and revision, or a local folder)."""
-    base = model_params.name if model_params.source == "hub" else str(Path("models/base").resolve())
-    config = {"base": base, "revision": model_params.revision if model_params.source == "hub" else "",
-              **_load_config(model_params, quantization)}
-    return _log_chat_model({"adapter": str(adapter_dir)}, config)
+    return {"model_name": reg.model_name, "version": int(version.version),
+            "model_uri": f"models:/{reg.model_name}/{version.version}", "aliases": sorted(aliases),
+            "run_id": run_id, "tracking_uri": tracking.portable_uri(uri, root),
+            "model_md5": md5s.get(model_dir, ""), "gate": decision}

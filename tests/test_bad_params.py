@@ -210,7 +210,7 @@ def test_local_model_is_checked_against_its_config(tmp_path):
 def test_gpu_processes_are_counted_per_machine_against_the_gpus_present(monkeypatch):
     """On a machine with 2 GPUs (the count torch reports): each machine's share of num_processes, against all GPUs
     or those its gpu_ids lists; CPU processes (use_cpu: true) are not counted."""
-    from lora_pipeline.launch import accelerate_config, gpu_count_problem
+    from lora_pipeline.machine import accelerate_config, gpu_count_problem
     from lora_pipeline.params import Train
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

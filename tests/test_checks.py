@@ -4,8 +4,8 @@ import yaml
 
 from conftest import MGSM
 from lora_pipeline.checks import check_split
+from lora_pipeline.eval_checks import check_eval, check_register
 from lora_pipeline.local_data import check_data, local_rows
-from lora_pipeline.metrics import check_eval, check_register
 from lora_pipeline.modeling import check_model
 from conftest import ROOT
 from lora_pipeline.params import Data, Eval, Model, Register, Split
@@ -122,7 +122,7 @@ def test_gate_metric_names_its_metrics_file():
 def test_mixed_precision_on_a_cpu_is_refused_before_training():
     import torch
 
-    from lora_pipeline.launch import check_machine
+    from lora_pipeline.machine import check_machine
     from lora_pipeline.params import Train
 
     if torch.cuda.is_available():

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from conftest import MGSM, ROOT
-from lora_pipeline.metrics import (NOT_GATES, answer_correct, detect_language, eval_figures, eval_metric_keys,
-                                   last_number, loss_figures, mgsm_files, read_mgsm)
+from lora_pipeline.eval_checks import NOT_GATES, eval_metric_keys
+from lora_pipeline.metrics import (answer_correct, detect_language, eval_figures, last_number, loss_figures, mgsm_files,
+                                   read_mgsm)
 from lora_pipeline.params import Eval, flat_keys
 
 needs_mgsm = pytest.mark.skipif(not MGSM.is_dir(), reason=f"MGSM not at {MGSM}")

@@ -206,7 +206,7 @@ def test_validate_caches_what_it_derives_from_the_libraries(tmp_path, monkeypatc
     from peft import LoraConfig
     from transformers import SchedulerType
 
-    from lora_pipeline.base_model import base_model_layout
+    from lora_pipeline.model_checks import base_model_layout
     from lora_pipeline.checks import library_fields
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

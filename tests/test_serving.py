@@ -17,7 +17,7 @@ import yaml
 from conftest import ROOT, run_env
 from helpers import free_port
 from lora_pipeline import builtin_data
-from lora_pipeline.registry import GENERATION_DEFAULTS, checked_generation, checked_prompts
+from lora_pipeline.serving import GENERATION_DEFAULTS, checked_generation, checked_prompts
 
 PROMPT = "<|im_start|>user\nAnna hat 5 Äpfel und kauft 3 dazu.<|im_end|>\n<|im_start|>assistant\n"
 ALLOWED = "allowed: max_new_tokens, do_sample, temperature, top_p"
@@ -77,7 +77,7 @@ def registered(tmp_path_factory):
     import mlflow
 
     from lora_pipeline.params import validate
-    from lora_pipeline.registry import log_merged_model
+    from lora_pipeline.serving import log_merged_model
     from lora_pipeline.tiny_models import build_tiny
 
     folder = tmp_path_factory.mktemp("serving")

@@ -1,5 +1,6 @@
-"""The base model as validate sees it before any weights load (its config, module and parameter names, stored
-quantization), and the params it rules out: LoRA targets, experts, quantization, save format."""
+"""validate's checks of the params against the base model, before any weights load (modeling.py loads it): its
+config, module and parameter names and stored quantization, and the params they rule out: LoRA targets, experts,
+quantization, save format."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ from pathlib import Path
 from lora_pipeline import dvcfiles
 from lora_pipeline.cache import cached
 from lora_pipeline.dvcfiles import ROOT
-from lora_pipeline.launch import SHARDED
+from lora_pipeline.machine import SHARDED
 
 
 TINY_MODEL_TYPES = {"tiny-qwen2": "qwen2", "tiny-gpt-oss": "gpt_oss"}
