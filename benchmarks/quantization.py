@@ -107,7 +107,7 @@ def measure(args) -> dict:
     from transformers import TrainerCallback
 
     from lora_pipeline.chat import conversation
-    from lora_pipeline.metrics import heldout_loss
+    from lora_pipeline.heldout import heldout_loss
     from lora_pipeline.modeling import load_tokenizer
     from lora_pipeline.training import build_trainer
 

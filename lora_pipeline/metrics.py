@@ -1,15 +1,12 @@
-"""Evaluation measures: held-out loss, language identification, answer extraction, MGSM loading, and the figures
-evaluate writes from them (the checks of the eval and register params: lora_pipeline.eval_checks)."""
+"""Evaluation measures: language identification, answer extraction, MGSM loading, the held-out loss's figures, and
+the figures evaluate writes from them (the loss itself: lora_pipeline.heldout; the checks of the eval and register
+params: lora_pipeline.eval_checks)."""
 from __future__ import annotations
 
 import csv
 import math
 import re
 from pathlib import Path
-
-import torch
-
-from lora_pipeline.distributed import gather, process_group
 
 _identifier = None
 
@@ -74,57 +71,6 @@ def read_mgsm(path: str, lang: str, limit: int) -> list[dict]:
         if len(row) != 2:
             raise ValueError(f"{file} line {i + 1}: expected 'question<TAB>number', got {len(row)} fields")
     return [{"question": q, "answer": float(a.replace(",", ""))} for q, a in rows[:limit]]
-
-
-def assistant_mask(tokenizer, messages: list[dict], max_length: int) -> tuple[list[int], list[int]]:
-    """Token ids of a conversation and a 0/1 mask of its assistant tokens (all ones if the template has no
-    {% generation %} markers, as the real models' templates often do not)."""
-    encoded = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True)
-    ids = list(encoded["input_ids"])[:max_length]
-    mask = list(encoded.get("assistant_masks") or [])[:max_length]
-    if not any(mask):
-        mask = [1] * len(ids)
-    return ids, mask
-
-
-# Logits held at once while computing the held-out loss (rows x positions x vocabulary): a 201k vocabulary makes a
-# whole batch of 2,048-token rows tens of GiB in float32.
-LOGITS_AT_ONCE = 2**28
-
-
-@torch.no_grad()
-def heldout_loss(model, tokenizer, conversations: list[list[dict]], max_length: int, batch_size: int) -> dict:
-    """Mean next-token loss over the assistant tokens of held-out conversations, and its perplexity. The LM head runs
-    on as many rows at a time as LOGITS_AT_ONCE allows; in a launch of several processes each takes every n-th batch
-    and the sums are added in batch order, as one process adds them."""
-    rank, world = process_group()
-    encoded = [assistant_mask(tokenizer, c, max_length) for c in conversations]
-    sums = []
-    for start in list(range(0, len(encoded), batch_size))[rank::world]:
-        chunk = encoded[start:start + batch_size]
-        width = max(len(ids) for ids, _ in chunk)
-        pad = tokenizer.pad_token_id
-        ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in chunk], device=model.device)
-        attention = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in chunk], device=model.device)
-        labels_mask = torch.tensor([m + [0] * (width - len(m)) for _, m in chunk], device=model.device)
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
-        keep = labels_mask[:, 1:].bool() & attention[:, 1:].bool()
-        rows_at_once = max(1, LOGITS_AT_ONCE // (width * model.config.vocab_size))
-        total, count = 0.0, 0
-        for row in range(0, len(chunk), rows_at_once):
-            rows = slice(row, row + rows_at_once)
-            logits = model.get_output_embeddings()(hidden[rows]).float()
-            losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[rows, 1:],
-                                                       reduction="none")
-            total += losses[keep[rows]].sum().item()
-            count += keep[rows].sum().item()
-        sums.append((start, total, count))
-    total, count = 0.0, 0
-    for _, batch_total, batch_count in sorted(gather(sums)):
-        total += batch_total
-        count += batch_count
-    return loss_figures(total, count)
 
 
 def loss_figures(total: float, count: int) -> dict:

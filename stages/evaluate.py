@@ -21,7 +21,8 @@ from lora_pipeline.generation import generate, use_for_generation
 from lora_pipeline.jsonl import read_jsonl, write_jsonl
 from lora_pipeline.languages import LANGUAGE_NAMES
 from lora_pipeline.eval_checks import check_eval
-from lora_pipeline.metrics import answer_correct, detect_language, eval_figures, heldout_loss, read_mgsm
+from lora_pipeline.heldout import heldout_loss
+from lora_pipeline.metrics import answer_correct, detect_language, eval_figures, read_mgsm
 from lora_pipeline.modeling import experts_implementation, load_model, load_tokenizer
 from lora_pipeline.outputs import write_json, write_text
 from lora_pipeline.params import load_params

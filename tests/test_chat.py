@@ -4,7 +4,7 @@ from transformers import AutoTokenizer
 
 from lora_pipeline import builtin_data
 from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
-from lora_pipeline.metrics import assistant_mask
+from lora_pipeline.heldout import assistant_mask
 from lora_pipeline.tiny_models import tokenizer_corpus, train_tokenizer
 
 ROWS = builtin_data.generate(200, seed=3)
