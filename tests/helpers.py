@@ -7,7 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from lora_pipeline.builtin_data import LANGUAGES
+from lora_pipeline.params import ROOT
 from lora_pipeline.data import load_data
 from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
 from lora_pipeline.tiny_models import random_gpt_oss
@@ -53,3 +56,21 @@ def stop(server: subprocess.Popen, sig=signal.SIGTERM) -> None:
     if server.poll() is None:
         os.killpg(server.pid, sig)
     server.wait(timeout=60)
+
+
+DELETE = object()  # a change that removes the key
+
+
+def shipped(**dotted) -> dict:
+    """params.yaml as shipped, with dotted keys set (or deleted with DELETE)."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = raw
+        for part in parents:
+            node = node[part]
+        if value is DELETE:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return raw

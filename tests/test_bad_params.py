@@ -9,27 +9,12 @@ import torch
 import yaml
 
 from conftest import ROOT, copy_repo, run_env
+from helpers import DELETE, shipped
 from lora_pipeline.checks import validate_all
 from lora_pipeline.params import ParamsError
 from lora_pipeline.splitting import MIN_TEST_ROWS
 
-DELETE = object()  # a change that removes the key
 HAS_FLASH_ATTN = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
-
-
-def shipped(**dotted) -> dict:
-    """params.yaml as shipped, with dotted keys set (or deleted with DELETE)."""
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for key, value in dotted.items():
-        *parents, leaf = key.split(".")
-        node = raw
-        for part in parents:
-            node = node[part]
-        if value is DELETE:
-            del node[leaf]
-        else:
-            node[leaf] = value
-    return raw
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from helpers import build_tiny_gpt_oss
+from helpers import build_tiny_gpt_oss, shipped
 from lora_pipeline.modeling import MXFP4_EXPERTS, experts_implementation, load_model, set_experts_implementation
 from lora_pipeline.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from lora_pipeline.mxfp4_checkpoint import _checkpoint_files, _read
@@ -279,19 +279,6 @@ def test_packing_problems_name_the_key_and_the_way_on():
 
 GPT_OSS = {"model.source": "tiny-gpt-oss", "quantization.method": "mxfp4-dequantize", "lora.lora_dropout": 0.0,
            "model.experts_implementation": MXFP4_EXPERTS}
-
-
-def shipped(**dotted) -> dict:
-    import yaml
-
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for key, value in dotted.items():
-        *parents, leaf = key.split(".")
-        node = raw
-        for part in parents:
-            node = node[part]
-        node[leaf] = value
-    return raw
 
 
 @pytest.mark.parametrize("changes, fragment", [
