@@ -267,9 +267,9 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
     from pipeline_setup import gpt_oss_20b_config  # benchmarks/, the script's folder
     from transformers import GptOssForCausalLM
 
-    from lora_pipeline.mxfp4 import dequantize_mxfp4
     from lora_pipeline.mxfp4_checkpoint import expert_from_disk
-    from lora_pipeline.mxfp4_experts import grouped_mm_mxfp4_experts_forward, pack_experts, paths_run
+    from lora_pipeline.mxfp4_experts import (decode_weight, forced_path, grouped_mm_mxfp4_experts_forward,
+                                             pack_experts, paths_run)
 
     config = gpt_oss_20b_config(layers, vocab_size=4096)
     torch.manual_seed(0)
@@ -311,12 +311,12 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
             "model_gib_saved_expected": values * (2 - 17 / 32) / 2**30,
             "extra_peak_gib_stock": stock["extra_peak_gib"], "extra_peak_gib_packed": packed["extra_peak_gib"],
             "forward_backward_ms_stock": stock["ms"], "forward_backward_ms_packed": packed["ms"], "packed": summary}
-    row["pass"] = bool(row["pass"] and grads_pass and ran == ["grouped_mm"]
+    row["pass"] = bool(row["pass"] and grads_pass and ran == ["grouped_mm, compiled decode"]
                        and stock_bytes - packed_bytes == values * 2 - values * 17 // 32)
     rows.append(row)
 
     # One layer's experts alone, 8192 tokens routed to 4 of 32 experts: the bf16 grouped GEMMs against the packed
-    # path (two decodes in the forward, two in the backward), and one decode of gate_up_proj.
+    # path (a decode in the forward, one in the backward) with each decoder, and one decode of gate_up_proj.
     experts = packed_model.model.layers[0].mlp.experts  # peft injected LoRA into the model in place
     hidden = torch.randn(8192, config.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     logits = torch.randn(8192, config.num_local_experts, device="cuda")
@@ -342,13 +342,22 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
     packed_step()
     packed_out, packed_grad = grouped_mm_mxfp4_experts_forward(experts, hidden, index, weights).detach(), \
         hidden.grad.clone()
-    decode_ms = timed_ms(lambda: dequantize_mxfp4(experts.gate_up_proj_blocks, experts.gate_up_proj_scales))
+    gate_up = experts.gate_up_proj_blocks, experts.gate_up_proj_scales
+    decoded = {d: decode_weight(*gate_up, torch.bfloat16, d) for d in ("compiled", "eager")}
+    decode_ms = {d: timed_ms(lambda d=d: decode_weight(*gate_up, torch.bfloat16, d)) for d in decoded}
+    with forced_path(decoder="eager"):
+        eager_step_ms = timed_ms(packed_step)
     out_rel, grad_rel = rel(packed_out.float(), stock_out.float()), rel(packed_grad.float(), stock_grad.float())
+    same_decode = torch.equal(decoded["compiled"].contiguous().view(torch.int16),
+                              decoded["eager"].contiguous().view(torch.int16))
     rows.append({"check": "gpt-oss experts alone (one layer, 8192 tokens, bf16): grouped_mm_mxfp4 vs grouped_mm",
                  "output_rel_diff": out_rel, "input_grad_rel_diff": grad_rel,
                  "forward_backward_ms_stock": timed_ms(stock_step), "forward_backward_ms_packed": timed_ms(packed_step),
-                 "decode_gate_up_ms": decode_ms, "tolerance": "relative difference at most 8e-3 (two bf16 roundings)",
-                 "pass": bool(out_rel <= 8e-3 and grad_rel <= 8e-3)})
+                 "forward_backward_ms_packed_eager_decode": eager_step_ms,
+                 "decode_gate_up_ms_compiled": decode_ms["compiled"], "decode_gate_up_ms_eager": decode_ms["eager"],
+                 "decoders_bit_identical": same_decode,
+                 "tolerance": "relative difference at most 8e-3 (two bf16 roundings); decoders bit for bit",
+                 "pass": bool(out_rel <= 8e-3 and grad_rel <= 8e-3 and same_decode)})
 
 
 CHECKS = {"generation": check_generation, "gpt-oss": check_gpt_oss, "liger": check_liger,

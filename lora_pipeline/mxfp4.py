@@ -6,6 +6,7 @@ import torch
 
 __all__ = [
     "FP4_VALUES",
+    "E8M0_BIAS",
     "MXFP4_BLOCK",
     "quantize_mxfp4",
     "dequantize_mxfp4",
@@ -15,7 +16,7 @@ __all__ = [
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 # Values per shared scale (one uint8 E8M0 exponent, bias 127), along the last (input) dim; 2 values per byte.
 MXFP4_BLOCK = 32
-_E8M0_BIAS = 127
+E8M0_BIAS = 127
 # Midpoints between consecutive positive e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6.
 _FP4_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _ROWS_PER_CHUNK = 1 << 20  # groups of 32 at once: a float32 temporary holds 2**20 * 32 values at most
@@ -58,7 +59,7 @@ def quantize_mxfp4(weight: torch.Tensor, scale: str = "round_up") -> tuple[torch
         # amax = m * 2**p with m in [0.5, 1): the smallest e with amax <= 6 * 2**e is p-3 if m <= 0.75 else p-2.
         mantissa, power = torch.frexp(amax)
         exp = power - 3 + (mantissa > 0.75).to(power.dtype)
-        exp = torch.where(amax == 0, torch.full_like(exp, -_E8M0_BIAS), exp).clamp(-_E8M0_BIAS, _E8M0_BIAS)
+        exp = torch.where(amax == 0, torch.full_like(exp, -E8M0_BIAS), exp).clamp(-E8M0_BIAS, E8M0_BIAS)
         q = torch.ldexp(x, (-exp).unsqueeze(-1))  # exact: multiplication by a power of two, |q| <= 6
         code = _e2m1_codes(q, midpoints)
         if scale == "min_error":
@@ -68,12 +69,12 @@ def quantize_mxfp4(weight: torch.Tensor, scale: str = "round_up") -> tuple[torch
             code_down = _e2m1_codes(2 * q, midpoints)
             err = (values[code] - q).square().sum(-1)
             err_down = (values[code_down] - 2 * q).square().sum(-1) / 4
-            down = (err_down <= err) & (exp > -_E8M0_BIAS)
+            down = (err_down <= err) & (exp > -E8M0_BIAS)
             code = torch.where(down.unsqueeze(-1), code_down, code)
             exp = exp - down.to(exp.dtype)
         code = code.to(torch.uint8)
         blocks[r0:r1] = code[:, 0::2] | (code[:, 1::2] << 4)
-        scales[r0:r1] = (exp + _E8M0_BIAS).to(torch.uint8)
+        scales[r0:r1] = (exp + E8M0_BIAS).to(torch.uint8)
     return blocks.reshape(*prefix, groups, MXFP4_BLOCK // 2), scales.reshape(*prefix, groups)
 
 
@@ -118,7 +119,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     *prefix, groups, nbytes = blocks.shape
     lut = _lut(dtype, blocks.device)
     flat = blocks.reshape(-1, nbytes)
-    exp = scales.reshape(-1, 1).to(torch.int32) - _E8M0_BIAS
+    exp = scales.reshape(-1, 1).to(torch.int32) - E8M0_BIAS
     out = torch.empty(flat.shape[0], 2 * nbytes, dtype=dtype, device=blocks.device)
     for r0 in range(0, flat.shape[0], _ROWS_PER_CHUNK):
         r1 = min(r0 + _ROWS_PER_CHUNK, flat.shape[0])

@@ -20,14 +20,18 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from lora_pipeline.modeling import MXFP4_EXPERTS, experts_modules, set_experts_implementation
-from lora_pipeline.mxfp4 import MXFP4_BLOCK
+from lora_pipeline.mxfp4 import E8M0_BIAS, FP4_VALUES, MXFP4_BLOCK
 from lora_pipeline.mxfp4_checkpoint import expert_from_disk, expert_to_disk
 
-__all__ = ["PACKED", "PATHS", "PackedGroupedLinear", "pack_experts", "packing_problems", "paths_run", "forced_path"]
+__all__ = ["DECODERS", "PACKED", "PATHS", "PackedGroupedLinear", "decode_weight", "forced_path", "pack_experts",
+           "packing_problems", "paths_run"]
 
 PACKED = ("gate_up_proj", "down_proj")  # the expert weights packed; their biases stay in the model's dtype
 PATHS = ("grouped_mm", "loop")  # one grouped GEMM per projection, or a matmul per expert (where there is no kernel)
-_forced: list[str] = []  # forced_path's choice, innermost last
+# How a packed weight is decoded: one compiled elementwise pass (table lookup and scale in registers), or
+# mxfp4.dequantize_mxfp4's torch ops, several passes over 16-bit temporaries (docs/performance.md has the cost).
+DECODERS = ("compiled", "eager")
+_forced: dict[str, list[str]] = {"path": [], "decoder": []}  # forced_path's choices, innermost last
 
 
 def packing_problems(model_type: str | None, stored: str | None, target_parameters) -> list[str]:
@@ -51,16 +55,23 @@ def packing_problems(model_type: str | None, stored: str | None, target_paramete
 
 
 @contextlib.contextmanager
-def forced_path(path: str):
-    """Run the packed experts' matmuls through `path` (grouped_mm or loop) inside the block, whatever the device
-    offers: the tests and the GPU check compare both."""
-    if path not in PATHS:
+def forced_path(path: str | None = None, decoder: str | None = None):
+    """Run the packed experts' matmuls through `path` (grouped_mm or loop) and decode their weights with `decoder`
+    (compiled or eager) inside the block, whatever the device offers: the tests and the GPU check compare them."""
+    if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    _forced.append(path)
+    if decoder is not None and decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    forced = {"path": path, "decoder": decoder}
+    for key, choice in forced.items():
+        if choice:
+            _forced[key].append(choice)
     try:
         yield
     finally:
-        _forced.pop()
+        for key, choice in forced.items():
+            if choice:
+                _forced[key].pop()
 
 
 def _grouped_mm_kernel():
@@ -72,8 +83,8 @@ def matmul_path(device: torch.device, dtype: torch.dtype) -> str:
     """grouped_mm where torch has a grouped GEMM for the device and dtype, as transformers' grouped_mm path decides
     (CUDA: bf16 on compute capability 8.0 and above, 9.0 for the older torch._grouped_mm; CPU: float32, bfloat16,
     float16 with torch.nn.functional.grouped_mm), else loop."""
-    if _forced:
-        return _forced[-1]
+    if _forced["path"]:
+        return _forced["path"][-1]
     if _grouped_mm_kernel() is None or torch.compiler.is_compiling() and dtype != torch.bfloat16:
         return "loop"  # Inductor lowers grouped_mm for bf16 only
     if device.type == "cuda":
@@ -83,6 +94,44 @@ def matmul_path(device: torch.device, dtype: torch.dtype) -> str:
     if device.type == "cpu" and hasattr(torch.nn.functional, "grouped_mm"):
         return "grouped_mm" if dtype in (torch.float32, torch.bfloat16, torch.float16) else "loop"
     return "loop"
+
+
+def decoder_for(device: torch.device) -> str:
+    """compiled on a GPU (Inductor's elementwise kernel); eager elsewhere, where compiling would cost more than it
+    saves."""
+    if _forced["decoder"]:
+        return _forced["decoder"][-1]
+    return "compiled" if device.type == "cuda" else "eager"
+
+
+_TABLES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 16 e2m1 values and 2**(s - 127) for every E8M0 scale byte s, in float32, as mxfp4.dequantize_mxfp4 uses
+    them (ldexp multiplies by torch.pow(2.0, e)); made once per device, as a copy at each call would stop the host."""
+    if device not in _TABLES:
+        _TABLES[device] = (torch.tensor(FP4_VALUES, dtype=torch.float32, device=device),
+                           torch.pow(2.0, torch.arange(256, dtype=torch.int32, device=device) - E8M0_BIAS))
+    return _TABLES[device]
+
+
+def _decode_in_one_pass(blocks, scales, values, powers, dtype: torch.dtype) -> torch.Tensor:
+    """dequantize_mxfp4's arithmetic (each code's value times 2**(scale - 127) in float32, rounded once to `dtype`)
+    as one expression, which Inductor fuses into one kernel: [..., G, 16] + [..., G] -> [..., G * 32]."""
+    codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-2).int()  # low nibble first
+    return (values[codes] * powers[scales.int()].unsqueeze(-1)).to(dtype).flatten(-2)
+
+
+_decode_compiled = torch.compile(_decode_in_one_pass, dynamic=False, fullgraph=True)
+
+
+def decode_weight(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, decoder: str) -> torch.Tensor:
+    """The expert weight [E, in, out] of packed blocks [E, out, in/32, 16] and scales [E, out, in/32], as
+    mxfp4_checkpoint.expert_from_disk decodes it (the same values, bit for bit), through `decoder`."""
+    if decoder == "eager":
+        return expert_from_disk(blocks, scales, dtype)
+    return _decode_compiled(blocks, scales, *_tables(blocks.device), dtype).transpose(-2, -1)
 
 
 def _grouped(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, path: str) -> torch.Tensor:
@@ -107,23 +156,23 @@ class PackedGroupedLinear(torch.autograd.Function):
     packed bytes and the offsets, never a 16-bit weight. The backward returns the gradient of x only."""
 
     @staticmethod
-    def forward(ctx, x, blocks, scales, offsets, dtype, path):
+    def forward(ctx, x, blocks, scales, offsets, dtype, path, decoder):
         with torch.autocast(x.device.type, enabled=False):
-            weight = expert_from_disk(blocks, scales, dtype)  # [E, in, out]: a temporary, freed on return
+            weight = decode_weight(blocks, scales, dtype, decoder)  # [E, in, out]: a temporary, freed on return
             out = _grouped(x.to(dtype), weight, offsets, path)
         ctx.save_for_backward(blocks, scales, offsets)
-        ctx.dtype, ctx.path, ctx.input_dtype = dtype, path, x.dtype
+        ctx.dtype, ctx.path, ctx.decoder, ctx.input_dtype = dtype, path, decoder, x.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad):
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         blocks, scales, offsets = ctx.saved_tensors
         with torch.autocast(grad.device.type, enabled=False):
-            weight = expert_from_disk(blocks, scales, ctx.dtype).transpose(-2, -1)  # [E, out, in], contiguous
+            weight = decode_weight(blocks, scales, ctx.dtype, ctx.decoder).transpose(-2, -1)  # [E, out, in]
             grad_x = _grouped(grad.to(ctx.dtype).contiguous(), weight, offsets, ctx.path)
-        return grad_x.to(ctx.input_dtype), None, None, None, None, None
+        return grad_x.to(ctx.input_dtype), None, None, None, None, None, None
 
 
 def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -137,8 +186,8 @@ def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_in
     num_top_k = top_k_index.size(-1)
     num_tokens, hidden_dim = hidden_states.shape
     dtype = self.gate_up_proj_bias.dtype  # the model's dtype (the biases follow model.to)
-    path = matmul_path(device, dtype)
-    self.mxfp4_path = path
+    path, decoder = matmul_path(device, dtype), decoder_for(device)
+    self.mxfp4_path = f"{path}, {decoder} decode"
 
     sample_weights = top_k_weights.reshape(-1)  # (S,) with S = num_tokens * num_top_k
     expert_ids = top_k_index.reshape(-1)
@@ -151,10 +200,11 @@ def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_in
     offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
 
     proj = PackedGroupedLinear.apply(selected, self.gate_up_proj_blocks, self.gate_up_proj_scales, offsets, dtype,
-                                     path)
+                                     path, decoder)
     proj.add_(self.gate_up_proj_bias[expert_ids_g])
     proj = self._apply_gate(proj)  # (S, intermediate)
-    proj = PackedGroupedLinear.apply(proj, self.down_proj_blocks, self.down_proj_scales, offsets, dtype, path)
+    proj = PackedGroupedLinear.apply(proj, self.down_proj_blocks, self.down_proj_scales, offsets, dtype, path,
+                                     decoder)
     proj.add_(self.down_proj_bias[expert_ids_g])
     weighted = proj * sample_weights_g.unsqueeze(-1)  # (S, hidden)
 
@@ -230,5 +280,6 @@ def pack_experts(model, target_parameters=()) -> dict:
 
 
 def paths_run(model) -> list[str]:
-    """The matmul paths (grouped_mm, loop) the packed experts ran in their last forward."""
+    """The matmul paths (grouped_mm, loop) and decoders the packed experts ran in their last forward, e.g.
+    "grouped_mm, compiled decode"."""
     return sorted({m.mxfp4_path for m in experts_modules(model) if getattr(m, "mxfp4_path", None)})

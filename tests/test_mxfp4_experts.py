@@ -20,9 +20,10 @@ import torch
 from conftest import ROOT
 from helpers import build_tiny_gpt_oss, shipped
 from lora_pipeline.modeling import MXFP4_EXPERTS, experts_implementation, load_model, set_experts_implementation
-from lora_pipeline.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from lora_pipeline.mxfp4_checkpoint import _checkpoint_files, _read
-from lora_pipeline.mxfp4_experts import PATHS, forced_path, pack_experts, packing_problems, paths_run
+from lora_pipeline.mxfp4 import E8M0_BIAS, dequantize_mxfp4, quantize_mxfp4
+from lora_pipeline.mxfp4_checkpoint import _checkpoint_files, _read, expert_from_disk
+from lora_pipeline.mxfp4_experts import (PATHS, decode_weight, forced_path, pack_experts, packing_problems,
+                                         paths_run)
 
 VOCAB, HIDDEN, INTERMEDIATE, EXPERTS, LAYERS = 128, 64, 96, 4, 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -157,7 +158,7 @@ def test_packed_forward_and_input_gradients_match_the_unpacked_experts(tiny_dir,
     with forced_path(path):
         model = packed(tiny_dir, dtype)
         logits, embeds_grad, grads = lora_forward_backward(model, ids)
-    assert paths_run(model) == [path]
+    assert paths_run(model) == [f"{path}, eager decode"]
     assert logits.dtype == DTYPES[dtype]
     for impl, (ref_logits, ref_embeds_grad, ref_grads) in references.items():
         torch.testing.assert_close(logits, ref_logits, **TOLERANCE[dtype], msg=lambda m: f"{impl} logits: {m}")
@@ -165,6 +166,46 @@ def test_packed_forward_and_input_gradients_match_the_unpacked_experts(tiny_dir,
                                    msg=lambda m: f"{impl} input gradient: {m}")
         for name, grad in grads.items():
             torch.testing.assert_close(grad, ref_grads[name], **TOLERANCE[dtype], msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_decode_gives_the_eager_values_bit_for_bit(dtype):
+    """Every byte of blocks under every scale the encoder writes (0-254; 255 is E8M0's NaN): the one-pass decode that
+    Inductor compiles (the GPU's) returns what mxfp4_checkpoint.expert_from_disk returns, in the same layout."""
+    every_byte = torch.arange(256, dtype=torch.uint8).reshape(16, 16)  # 16 rows of 16 bytes: 512 codes
+    scales = torch.arange(2 * E8M0_BIAS + 1, dtype=torch.int32).to(torch.uint8)
+    blocks = every_byte.repeat(len(scales), 1).reshape(len(scales), 16, 1, 16)  # [E, out, in/32, 16]
+    scales = scales.reshape(-1, 1, 1).expand(-1, 16, 1).contiguous()
+    compiled = decode_weight(blocks, scales, DTYPES[dtype], "compiled")
+    eager = expert_from_disk(blocks, scales, DTYPES[dtype])
+    assert compiled.shape == eager.shape == (len(scales), 32, 16) and compiled.stride() == eager.stride()
+    bits = torch.int32 if dtype == "float32" else torch.int16
+    assert torch.equal(compiled.contiguous().view(bits), eager.contiguous().view(bits))
+    assert decode_weight(blocks, scales, DTYPES[dtype], "eager").equal(eager)
+
+
+def test_packed_experts_train_alike_with_either_decoder(tiny_dir):
+    """bfloat16, grouped_mm: the compiled decode gives the logits and every gradient of the eager one, bit for bit
+    (the same weights go into the same matmuls)."""
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    runs = {}
+    for decoder in ("eager", "compiled"):
+        with forced_path("grouped_mm", decoder):
+            model = packed(tiny_dir, "bfloat16")
+            runs[decoder] = lora_forward_backward(model, ids)
+        assert paths_run(model) == [f"grouped_mm, {decoder} decode"]
+    (logits, embeds_grad, grads), (ref_logits, ref_embeds_grad, ref_grads) = runs["compiled"], runs["eager"]
+    assert torch.equal(logits, ref_logits) and torch.equal(embeds_grad, ref_embeds_grad)
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[n], ref_grads[n]) for n in grads)
+
+
+def test_forced_path_names_what_it_accepts():
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        with forced_path(decoder="triton"):
+            pass
+    with pytest.raises(ValueError, match="path must be one of"):
+        with forced_path("cutlass"):
+            pass
 
 
 def test_the_packed_weights_are_what_runs(tiny_dir):
@@ -204,7 +245,7 @@ def test_autograd_keeps_no_float_expert_weight(tiny_dir, path):
     with forced_path(path):
         model = packed(tiny_dir, "bfloat16")
         saved = saved_during_forward(model, ids)
-    assert paths_run(model) == [path]
+    assert paths_run(model) == [f"{path}, eager decode"]
     assert not {s for s, dtype in saved if dtype.is_floating_point} & WEIGHT_SHAPES
     assert ((EXPERTS, 2 * INTERMEDIATE, HIDDEN // 32, 16), torch.uint8) in saved  # what it keeps instead
 
@@ -259,7 +300,7 @@ def test_train_stage_trains_lora_over_packed_experts_as_over_16_bit_ones(tiny_di
         adapters[name] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         if experts == MXFP4_EXPERTS:
             assert all(torch.equal(b, dict(trainer.model.named_buffers())[n]) for n, b in blocks.items())
-            assert paths_run(trainer.model) == ["grouped_mm"]
+            assert paths_run(trainer.model) == ["grouped_mm, eager decode"]
     for name in (MXFP4_EXPERTS, "recompute"):
         assert adapters[name].keys() == adapters["grouped_mm"].keys()
         for key, weight in adapters["grouped_mm"].items():
