@@ -6,6 +6,7 @@ import torch
 
 from lora_pipeline.distributed import gather, process_group
 from lora_pipeline.metrics import loss_figures
+from lora_pipeline.modeling import experts_implementation, loss_attention
 
 
 def assistant_mask(tokenizer, messages: list[dict], max_length: int) -> tuple[list[int], list[int]]:
@@ -18,6 +19,14 @@ def assistant_mask(tokenizer, messages: list[dict], max_length: int) -> tuple[li
     if not any(mask):
         mask = [1] * len(ids)
     return ids, mask
+
+
+def use_for_loss(model) -> dict:
+    """Switch a loaded model to the attention the held-out loss runs (modeling.loss_attention); returns what runs."""
+    attention, note = loss_attention(model.config.model_type, model.config._attn_implementation)
+    if attention != model.config._attn_implementation:
+        model.set_attn_implementation(attention)
+    return {"attention": attention, "experts": experts_implementation(model), "notes": [note] if note else []}
 
 
 # Logits held at once while computing the held-out loss (rows x positions x vocabulary): a 201k vocabulary makes a

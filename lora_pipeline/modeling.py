@@ -63,6 +63,16 @@ def inference_attention(model_type: str, attention: str) -> tuple[str, str | Non
     return "sdpa", "flex attention decodes slower than sdpa: sdpa"
 
 
+def loss_attention(model_type: str, attention: str) -> tuple[str, str | None]:
+    """The attention implementation for evaluation's held-out loss (whole padded rows, no gradients), and why it
+    differs from the loaded one. gpt-oss keeps flex attention (its sinks; it compiles for these long passes); other
+    models run sdpa, which compiles nothing: the rows are padded, not packed, so flex attention's block mask saves
+    nothing there, and its compile is most of the loss's time on a fresh machine (docs/evaluation.md)."""
+    if attention != "flex_attention" or model_type == "gpt_oss":
+        return attention, None
+    return "sdpa", "flex attention compiles for each padded width, sdpa needs no compiling: sdpa"
+
+
 BITSANDBYTES = ("nf4", "int8")  # quantization.method values that freeze the base in 4/8 bits (QLoRA)
 
 

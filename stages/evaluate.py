@@ -21,9 +21,9 @@ from lora_pipeline.generation import generate, use_for_generation
 from lora_pipeline.jsonl import read_jsonl, write_jsonl
 from lora_pipeline.languages import LANGUAGE_NAMES
 from lora_pipeline.eval_checks import check_eval
-from lora_pipeline.heldout import heldout_loss
+from lora_pipeline.heldout import heldout_loss, use_for_loss
 from lora_pipeline.metrics import answer_correct, detect_language, eval_figures, read_mgsm
-from lora_pipeline.modeling import experts_implementation, load_model, load_tokenizer
+from lora_pipeline.modeling import load_model, load_tokenizer
 from lora_pipeline.outputs import write_json, write_text
 from lora_pipeline.params import load_params
 from lora_pipeline.report import plot_report, write_compliance
@@ -50,11 +50,10 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     """Every measure for one model (the `eval` params `ev`; held-out conversations for the loss, test rows to ask);
     returns (metrics, generation records, {"timings", "implementations"} of what ran)."""
     started = time.perf_counter()
+    implementations = {"loss": use_for_loss(model)}
     loss = heldout_loss(model, tokenizer, heldout, max_length=2048, batch_size=ev.batch_size)
     timings = {"loss_seconds": time.perf_counter() - started}
-    implementations = {"loss": {"attention": model.config._attn_implementation,
-                                "experts": experts_implementation(model)},
-                       "generation": use_for_generation(model)}
+    implementations["generation"] = use_for_generation(model)
 
     # Every prompt in one list, generated in length-sorted batches: each held-out question once per reasoning
     # language, MGSM with reasoning asked in the question's own language, and the demo.

@@ -8,7 +8,8 @@ import torch
 from helpers import build_tiny_gpt_oss
 from lora_pipeline.generation import (GROUPED_FOR_GENERATION, batches, decoding_implementations,
                                       generate_from_prompts, use_for_generation)
-from lora_pipeline.modeling import experts_implementation, load_model
+from lora_pipeline.heldout import use_for_loss
+from lora_pipeline.modeling import experts_implementation, load_model, loss_attention
 
 
 def model_params(attention="eager", experts="eager"):
@@ -27,6 +28,16 @@ def test_decoding_implementations(model_type, attention, experts, want):
     chosen = decoding_implementations(model_type, attention, experts)
     assert (chosen["attention"], chosen["experts"]) == want
     assert bool(chosen["notes"]) == (want != (attention, experts))
+
+
+@pytest.mark.parametrize("model_type, attention, want", [
+    ("gpt_oss", "flex_attention", "flex_attention"),  # the sinks: flex attention compiles for whole rows
+    ("qwen2", "flex_attention", "sdpa"),  # padded rows: nothing for a block mask to skip, nothing to compile
+    ("qwen2", "eager", "eager"),
+])
+def test_loss_attention(model_type, attention, want):
+    chosen, note = loss_attention(model_type, attention)
+    assert chosen == want and bool(note) == (want != attention)
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +72,11 @@ def test_generation_with_grouped_experts_decodes_as_the_expert_loop(tiny_gpt_oss
                                                          min_new_tokens=12)
     assert texts[GROUPED_FOR_GENERATION] == texts["eager"]
     assert all(len(t.split()) == 12 for t in texts["eager"])
+
+
+def test_use_for_loss_switches_the_model_and_says_what_runs(tiny_gpt_oss):
+    model = load_model(tiny_gpt_oss, model_params(experts="grouped_mm"))
+    assert use_for_loss(model) == {"attention": "eager", "experts": "grouped_mm", "notes": []}
 
 
 def test_batches_are_length_sorted_and_the_same_for_any_process_count():
