@@ -29,21 +29,24 @@ def use_for_loss(model) -> dict:
     return {"attention": attention, "experts": experts_implementation(model), "notes": [note] if note else []}
 
 
-# Logits held at once while computing the held-out loss (rows x positions x vocabulary): a 201k vocabulary makes a
-# whole batch of 2,048-token rows tens of GiB in float32.
+# Logits held at once while computing the held-out loss (positions x vocabulary, float32): a 201k vocabulary makes a
+# whole batch of 2,048-token rows tens of GiB.
 LOGITS_AT_ONCE = 2**28
 
 
 @torch.no_grad()
 def heldout_loss(model, tokenizer, conversations: list[list[dict]], max_length: int, batch_size: int) -> dict:
-    """Mean next-token loss over the assistant tokens of held-out conversations, and its perplexity. The LM head runs
-    on as many rows at a time as LOGITS_AT_ONCE allows; in a launch of several processes each takes every n-th batch
-    and the sums are added in batch order, as one process adds them."""
+    """Mean next-token loss over the assistant tokens of held-out conversations, and its perplexity. Rows go through
+    the model in batches of similar length; the LM head runs only on the positions that predict an assistant token,
+    as many at a time as LOGITS_AT_ONCE allows. In a launch of several processes each takes every n-th batch and
+    the sums are added in batch order, as one process adds them."""
     rank, world = process_group()
     encoded = [assistant_mask(tokenizer, c, max_length) for c in conversations]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))  # little padding in each batch
+    positions_at_once = max(1, LOGITS_AT_ONCE // model.config.vocab_size)
     sums = []
-    for start in list(range(0, len(encoded), batch_size))[rank::world]:
-        chunk = encoded[start:start + batch_size]
+    for start in list(range(0, len(order), batch_size))[rank::world]:
+        chunk = [encoded[i] for i in order[start:start + batch_size]]
         width = max(len(ids) for ids, _ in chunk)
         pad = tokenizer.pad_token_id
         ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in chunk], device=model.device)
@@ -51,16 +54,13 @@ def heldout_loss(model, tokenizer, conversations: list[list[dict]], max_length: 
         labels_mask = torch.tensor([m + [0] * (width - len(m)) for _, m in chunk], device=model.device)
         hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
         keep = labels_mask[:, 1:].bool() & attention[:, 1:].bool()
-        rows_at_once = max(1, LOGITS_AT_ONCE // (width * model.config.vocab_size))
-        total, count = 0.0, 0
-        for row in range(0, len(chunk), rows_at_once):
-            rows = slice(row, row + rows_at_once)
-            logits = model.get_output_embeddings()(hidden[rows]).float()
-            losses = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[rows, 1:],
-                                                       reduction="none")
-            total += losses[keep[rows]].sum().item()
-            count += keep[rows].sum().item()
-        sums.append((start, total, count))
+        predicting, targets = hidden[:, :-1][keep], ids[:, 1:][keep]  # [positions, hidden], [positions]
+        total = torch.zeros((), dtype=torch.float64, device=model.device)
+        for first in range(0, len(targets), positions_at_once):
+            logits = model.get_output_embeddings()(predicting[first:first + positions_at_once]).float()
+            total += torch.nn.functional.cross_entropy(logits, targets[first:first + positions_at_once],
+                                                       reduction="sum")
+        sums.append((start, total.item(), len(targets)))
     total, count = 0.0, 0
     for _, batch_total, batch_count in sorted(gather(sums)):
         total += batch_total
