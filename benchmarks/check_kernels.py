@@ -264,8 +264,7 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
     """grouped_mm_mxfp4 against the bf16 grouped_mm path, gpt-oss-20b's widths (hidden and intermediate 2880, 32
     experts, top 4) over `layers` layers, the same MXFP4 values in both; reference: the same model in float32 with
     the eager experts loop."""
-    from pipeline_setup import gpt_oss_20b_config  # benchmarks/, the script's folder
-    from transformers import GptOssForCausalLM
+    from pipeline_setup import gpt_oss_20b_config, random_bf16_model  # benchmarks/, the script's folder
 
     from lora_pipeline.mxfp4_checkpoint import expert_from_disk
     from lora_pipeline.mxfp4_experts import (decode_weight, forced_path, grouped_mm_mxfp4_experts_forward,
@@ -273,12 +272,7 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
 
     config = gpt_oss_20b_config(layers, vocab_size=4096)
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            base = GptOssForCausalLM(config)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    base = random_bf16_model(config, "cuda")
     with torch.no_grad():
         for layer in base.model.layers:  # sinks away from zero, as the attention check has them
             layer.self_attn.sinks.normal_(0, 1)

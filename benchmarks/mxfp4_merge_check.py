@@ -34,7 +34,7 @@ from lora_pipeline.logits import compare_logits
 from lora_pipeline.modeling import load_model
 from lora_pipeline.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
-from pipeline_setup import gpt_oss_20b_config  # benchmarks/, the script's folder
+from pipeline_setup import gpt_oss_20b_config, random_bf16_model  # benchmarks/, the script's folder
 
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 ATTENTION = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight")
@@ -122,8 +122,6 @@ def main():
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args()
 
-    from transformers import GptOssForCausalLM
-
     start = time.perf_counter()
     timings = {}
     work = Path(tempfile.mkdtemp(prefix="mxfp4-merge-check-", dir=args.workdir))
@@ -131,12 +129,7 @@ def main():
     config = gpt_oss_20b_config(args.layers, num_local_experts=args.experts,
                                 num_experts_per_tok=min(4, args.experts))
     torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with device:
-            model = GptOssForCausalLM(config).eval()
-    finally:
-        torch.set_default_dtype(torch.float32)
+    model = random_bf16_model(config, device).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(EXPERTS):

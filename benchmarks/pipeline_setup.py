@@ -129,6 +129,20 @@ def build_tokenizer(texts: list[str], vocab_size: int, family: str, out: Path):
     return tokenizer, trained
 
 
+def random_bf16_model(config, device: str):
+    """A model of `config`, random init, made in bf16 directly on `device` (gpt-oss-20b made in float32 first would
+    be 84 GB)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def build_model(recipe: str, out: Path, texts: list[str], tiny: bool = False) -> dict:
     """The recipe's architecture at full size (reduced with `tiny`), random init, saved as the real checkpoint is:
     Qwen2-0.5B in bf16 safetensors; gpt-oss-20b bf16 with its experts in MXFP4 and a quantization_config. Built on
@@ -149,14 +163,7 @@ def build_model(recipe: str, out: Path, texts: list[str], tiny: bool = False) ->
     config.bos_token_id = None
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.set_default_dtype(torch.bfloat16)  # gpt-oss-20b in float32 would be 84 GB
-    try:
-        from transformers import AutoModelForCausalLM
-
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    model = random_bf16_model(config, device)
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in FAMILIES[family]["eos"]]
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
     if config.model_type == "gpt_oss":

@@ -89,16 +89,9 @@ def build_checkpoint(arch: str, layers: int | None, out: Path) -> None:
         model.save_pretrained(out)
     else:  # openai/gpt-oss-20b's config.json, experts written in MXFP4 like the released checkpoint
         from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
-        from pipeline_setup import gpt_oss_20b_config  # benchmarks/, the script's folder
-        from transformers import GptOssForCausalLM
+        from pipeline_setup import gpt_oss_20b_config, random_bf16_model  # benchmarks/, the script's folder
 
-        cfg = gpt_oss_20b_config(layers or 24)
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            with torch.device("cuda"):
-                model = GptOssForCausalLM(cfg)
-        finally:
-            torch.set_default_dtype(torch.float32)
+        model = random_bf16_model(gpt_oss_20b_config(layers or 24), "cuda")
         save_mxfp4_checkpoint(model, out)
     tok.save_pretrained(out)
     del model
