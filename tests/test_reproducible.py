@@ -90,3 +90,32 @@ def test_a_saved_tokenizer_does_not_record_offline_mode(tmp_path):
     train_tokenizer(tokenizer_corpus(builtin_data.generate(50, seed=1)), 400, "tiny-qwen2", tmp_path / "base")
     load_tokenizer(tmp_path / "base").save_pretrained(tmp_path / "saved")
     assert "local_files_only" not in json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())
+
+
+# torch.compile of the packed experts' decode (lora_pipeline.mxfp4_experts), first in a pinned process, then in one
+# that is not: a kernel cached for AVX2 and loaded on an AVX-512 CPU corrupted the heap (torch 2.11).
+COMPILE_PROBE = """
+import sys
+if sys.argv[1] == "pinned":
+    import stages  # what every stage imports first
+import torch
+from lora_pipeline.mxfp4_checkpoint import expert_from_disk
+from lora_pipeline.mxfp4_experts import decode_weight
+blocks = torch.arange(256, dtype=torch.uint8).reshape(16, 16).repeat(255, 1).reshape(255, 16, 1, 16)
+scales = torch.arange(255, dtype=torch.int32).to(torch.uint8).reshape(-1, 1, 1).expand(-1, 16, 1).contiguous()
+for dtype in (torch.bfloat16, torch.float32):
+    assert torch.equal(decode_weight(blocks, scales, dtype, "compiled"), expert_from_disk(blocks, scales, dtype))
+print("equal")
+"""
+
+
+def test_pinned_processes_compile_into_a_cache_of_their_own(tmp_path):
+    native = probe("native").split()[0]
+    if native == "AVX2":
+        pytest.skip("this CPU runs AVX2 kernels unpinned too: one cache serves both")
+    env = {**{k: v for k, v in run_env().items() if k not in ("LORA_PIPELINE_NATIVE_CPU", "TORCHINDUCTOR_CACHE_DIR")},
+           "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # torch's default cache and ours under tmp_path
+    for mode in ("pinned", "native"):
+        result = subprocess.run([sys.executable, "-c", COMPILE_PROBE, mode], env=env, capture_output=True, text=True)
+        assert (result.returncode, result.stdout.strip()) == (0, "equal"), f"{mode}: {result.stderr[-3000:]}"
+    assert (tmp_path / f"torchinductor_{os.getuid()}_pinned_avx2").is_dir()
