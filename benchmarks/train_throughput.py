@@ -12,7 +12,8 @@ GPU while training and while loading, MFU, the global batch and the implementati
 
 gpt-oss-20b with its frozen experts kept in MXFP4 (lora_pipeline.mxfp4_experts), without recompute:
     python benchmarks/train_throughput.py --recipe gpt-oss-20b --arch gpt-oss-20b \
-        --set model.experts_implementation=grouped_mm_mxfp4 --set train.sft.gradient_checkpointing=false
+        --set model.experts_implementation=grouped_mm_mxfp4 --set train.sft.gradient_checkpointing=false \
+        [--experts-glue compiled]
 """
 import argparse
 import faulthandler
@@ -28,7 +29,7 @@ if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun
 
 import torch
 
-from lora_pipeline.mxfp4_experts import paths_run
+from lora_pipeline.mxfp4_experts import forced_path, paths_run
 from lora_pipeline.params import for_stage, validate
 from lora_pipeline.recipes import apply_sets, compose
 from lora_pipeline.training import build_trainer, save_adapter
@@ -137,6 +138,9 @@ def main():
                         help="flex attention's block masks built eagerly or by torch.compile (auto: as the train stage)")
     parser.add_argument("--save-adapter", metavar="DIR", help="after the steps, save the adapter as the train stage "
                         "does (every process takes part: FSDP and DeepSpeed gather the shards)")
+    parser.add_argument("--experts-glue", choices=["eager", "compiled"], default="eager",
+                        help="model.experts_implementation grouped_mm_mxfp4 only: the elementwise work between the "
+                        "experts' grouped GEMMs as torch ops (eager) or compiled by Inductor")
     parser.add_argument("--stacks-every", type=int, metavar="S", help="print every thread's Python stack every S "
                         "seconds (to find where a slow or stuck run spends its time)")
     args = parser.parse_args()
@@ -206,7 +210,8 @@ def main():
         return batch
 
     trainer.data_collator = counting
-    trainer.train()
+    with forced_path(glue=args.experts_glue):
+        trainer.train()
     if profiled and state.is_main_process:
         table = profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
         Path(args.profile).write_text(f"{args.recipe} {args.set} ({profiled} optimizer steps)\n{table}\n")

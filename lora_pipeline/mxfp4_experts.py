@@ -23,15 +23,19 @@ from lora_pipeline.modeling import MXFP4_EXPERTS, experts_modules, set_experts_i
 from lora_pipeline.mxfp4 import E8M0_BIAS, FP4_VALUES, MXFP4_BLOCK
 from lora_pipeline.mxfp4_checkpoint import expert_from_disk, expert_to_disk
 
-__all__ = ["DECODERS", "PACKED", "PATHS", "PackedGroupedLinear", "decode_weight", "forced_path", "pack_experts",
-           "packing_problems", "paths_run"]
+__all__ = ["DECODERS", "GLUES", "PACKED", "PATHS", "PackedGroupedLinear", "decode_weight", "down_glue", "forced_path",
+           "gate_up_glue", "pack_experts", "packing_problems", "paths_run"]
 
 PACKED = ("gate_up_proj", "down_proj")  # the expert weights packed; their biases stay in the model's dtype
 PATHS = ("grouped_mm", "loop")  # one grouped GEMM per projection, or a matmul per expert (where there is no kernel)
 # How a packed weight is decoded: one compiled elementwise pass (table lookup and scale in registers), or
 # mxfp4.dequantize_mxfp4's torch ops, several passes over 16-bit temporaries (docs/performance.md has the cost).
 DECODERS = ("compiled", "eager")
-_forced: dict[str, list[str]] = {"path": [], "decoder": []}  # forced_path's choices, innermost last
+# The elementwise work around the two grouped GEMMs (biases, gpt-oss's clamped GLU, routing weights, the rows back in
+# token order): transformers' torch ops, a kernel each, or two functions compiled by Inductor with dynamic row
+# counts, forward and backward fused. Eager unless forced (forced_path; docs/performance.md).
+GLUES = ("eager", "compiled")
+_forced: dict[str, list[str]] = {"path": [], "decoder": [], "glue": []}  # forced_path's choices, innermost last
 
 
 def packing_problems(model_type: str | None, stored: str | None, target_parameters) -> list[str]:
@@ -55,14 +59,17 @@ def packing_problems(model_type: str | None, stored: str | None, target_paramete
 
 
 @contextlib.contextmanager
-def forced_path(path: str | None = None, decoder: str | None = None):
-    """Run the packed experts' matmuls through `path` (grouped_mm or loop) and decode their weights with `decoder`
-    (compiled or eager) inside the block, whatever the device offers: the tests and the GPU check compare them."""
+def forced_path(path: str | None = None, decoder: str | None = None, glue: str | None = None):
+    """Run the packed experts' matmuls through `path` (grouped_mm or loop), decode their weights with `decoder`
+    (compiled or eager) and run the elementwise work between them as `glue` (eager or compiled) inside the block,
+    whatever the device offers: the tests, the GPU check and the throughput benchmark compare them."""
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if decoder is not None and decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
-    forced = {"path": path, "decoder": decoder}
+    if glue is not None and glue not in GLUES:
+        raise ValueError(f"glue must be one of {GLUES}, got {glue!r}")
+    forced = {"path": path, "decoder": decoder, "glue": glue}
     for key, choice in forced.items():
         if choice:
             _forced[key].append(choice)
@@ -134,6 +141,27 @@ def decode_weight(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
     return _decode_compiled(blocks, scales, *_tables(blocks.device), dtype).transpose(-2, -1)
 
 
+def gate_up_glue(proj, bias, expert_ids, limit: float, alpha: float) -> torch.Tensor:
+    """gate_up_proj's output [S, 2I] plus each row's expert bias, through gpt-oss's clamped interleaved GLU
+    (GptOssExperts._apply_gate, written out so that Inductor can fuse it): [S, I]."""
+    gate_up = proj + bias[expert_ids]
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def down_glue(proj, bias, expert_ids, weights, inverse, top_k: int) -> torch.Tensor:
+    """down_proj's output [S, H] (rows sorted by expert) plus each row's expert bias, times its routing weight, back
+    in token order (`inverse`) and summed over each token's top_k experts: [S / top_k, H]."""
+    weighted = (proj + bias[expert_ids]) * weights.unsqueeze(-1)
+    return weighted[inverse].view(-1, top_k, weighted.shape[-1]).sum(dim=1)
+
+
+_gate_up_glue_compiled = torch.compile(gate_up_glue, dynamic=True)
+_down_glue_compiled = torch.compile(down_glue, dynamic=True)
+
+
 def _grouped(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, path: str) -> torch.Tensor:
     """Rows of x [S, K] sorted by expert (offsets: each expert's end row) times weight[e] [K, N]: [S, N]."""
     if path == "grouped_mm":
@@ -187,7 +215,8 @@ def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_in
     num_tokens, hidden_dim = hidden_states.shape
     dtype = self.gate_up_proj_bias.dtype  # the model's dtype (the biases follow model.to)
     path, decoder = matmul_path(device, dtype), decoder_for(device)
-    self.mxfp4_path = f"{path}, {decoder} decode"
+    glue = _forced["glue"][-1] if _forced["glue"] else "eager"
+    self.mxfp4_path = f"{path}, {decoder} decode, {glue} glue"
 
     sample_weights = top_k_weights.reshape(-1)  # (S,) with S = num_tokens * num_top_k
     expert_ids = top_k_index.reshape(-1)
@@ -199,17 +228,24 @@ def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_in
     tokens_per_expert = torch.histc(histc_input, bins=self.num_experts, min=0, max=self.num_experts - 1)
     offsets = torch.cumsum(tokens_per_expert, dim=0, dtype=torch.int32)
 
+    inv_perm = torch.empty_like(perm)
+    inv_perm[perm] = torch.arange(perm.size(0), device=device)
+
     proj = PackedGroupedLinear.apply(selected, self.gate_up_proj_blocks, self.gate_up_proj_scales, offsets, dtype,
                                      path, decoder)
+    if glue == "compiled":
+        proj = _gate_up_glue_compiled(proj, self.gate_up_proj_bias, expert_ids_g, self.limit, self.alpha)
+        proj = PackedGroupedLinear.apply(proj, self.down_proj_blocks, self.down_proj_scales, offsets, dtype, path,
+                                         decoder)
+        out = _down_glue_compiled(proj, self.down_proj_bias, expert_ids_g, sample_weights_g, inv_perm, num_top_k)
+        return out.to(hidden_states.dtype)
+
     proj.add_(self.gate_up_proj_bias[expert_ids_g])
     proj = self._apply_gate(proj)  # (S, intermediate)
     proj = PackedGroupedLinear.apply(proj, self.down_proj_blocks, self.down_proj_scales, offsets, dtype, path,
                                      decoder)
     proj.add_(self.down_proj_bias[expert_ids_g])
     weighted = proj * sample_weights_g.unsqueeze(-1)  # (S, hidden)
-
-    inv_perm = torch.empty_like(perm)
-    inv_perm[perm] = torch.arange(perm.size(0), device=device)
     weighted = weighted[inv_perm]
     return weighted.view(num_tokens, num_top_k, hidden_dim).sum(dim=1).to(hidden_states.dtype)
 
@@ -280,6 +316,6 @@ def pack_experts(model, target_parameters=()) -> dict:
 
 
 def paths_run(model) -> list[str]:
-    """The matmul paths (grouped_mm, loop) and decoders the packed experts ran in their last forward, e.g.
-    "grouped_mm, compiled decode"."""
+    """The matmul paths (grouped_mm, loop), decoders and glue the packed experts ran in their last forward, e.g.
+    "grouped_mm, compiled decode, eager glue"."""
     return sorted({m.mxfp4_path for m in experts_modules(model) if getattr(m, "mxfp4_path", None)})

@@ -22,8 +22,8 @@ from helpers import build_tiny_gpt_oss, shipped
 from lora_pipeline.modeling import MXFP4_EXPERTS, experts_implementation, load_model, set_experts_implementation
 from lora_pipeline.mxfp4 import E8M0_BIAS, dequantize_mxfp4, quantize_mxfp4
 from lora_pipeline.mxfp4_checkpoint import _checkpoint_files, _read, expert_from_disk
-from lora_pipeline.mxfp4_experts import (PATHS, decode_weight, forced_path, pack_experts, packing_problems,
-                                         paths_run)
+from lora_pipeline.mxfp4_experts import (PATHS, decode_weight, down_glue, forced_path, gate_up_glue, pack_experts,
+                                         packing_problems, paths_run)
 
 VOCAB, HIDDEN, INTERMEDIATE, EXPERTS, LAYERS = 128, 64, 96, 4, 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -158,7 +158,7 @@ def test_packed_forward_and_input_gradients_match_the_unpacked_experts(tiny_dir,
     with forced_path(path):
         model = packed(tiny_dir, dtype)
         logits, embeds_grad, grads = lora_forward_backward(model, ids)
-    assert paths_run(model) == [f"{path}, eager decode"]
+    assert paths_run(model) == [f"{path}, eager decode, eager glue"]
     assert logits.dtype == DTYPES[dtype]
     for impl, (ref_logits, ref_embeds_grad, ref_grads) in references.items():
         torch.testing.assert_close(logits, ref_logits, **TOLERANCE[dtype], msg=lambda m: f"{impl} logits: {m}")
@@ -193,15 +193,74 @@ def test_packed_experts_train_alike_with_either_decoder(tiny_dir):
         with forced_path("grouped_mm", decoder):
             model = packed(tiny_dir, "bfloat16")
             runs[decoder] = lora_forward_backward(model, ids)
-        assert paths_run(model) == [f"grouped_mm, {decoder} decode"]
+        assert paths_run(model) == [f"grouped_mm, {decoder} decode, eager glue"]
     (logits, embeds_grad, grads), (ref_logits, ref_embeds_grad, ref_grads) = runs["compiled"], runs["eager"]
     assert torch.equal(logits, ref_logits) and torch.equal(embeds_grad, ref_embeds_grad)
     assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[n], ref_grads[n]) for n in grads)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_glue_written_out_is_gpt_oss_own(tiny_dir, dtype):
+    """gate_up_glue is GptOssExperts._apply_gate after the bias, and down_glue the grouped path's weighting and
+    unsorting, bit for bit, uncompiled: a change in transformers' GLU fails here."""
+    experts = load(tiny_dir, dtype).model.layers[0].mlp.experts
+    generator = torch.Generator().manual_seed(4)
+    rows, top_k = 12, 2
+    ids = torch.randint(0, EXPERTS, (rows,), generator=generator).sort().values
+    gate_up = (torch.randn(rows, 2 * INTERMEDIATE, generator=generator) * 8).to(DTYPES[dtype])  # beyond the clamp
+    want = experts._apply_gate(gate_up + experts.gate_up_proj_bias[ids])
+    assert torch.equal(gate_up_glue(gate_up, experts.gate_up_proj_bias, ids, experts.limit, experts.alpha), want)
+    down = torch.randn(rows, HIDDEN, generator=generator).to(DTYPES[dtype])
+    weights = torch.rand(rows, generator=generator).to(DTYPES[dtype])
+    inverse = torch.randperm(rows, generator=generator)
+    weighted = ((down + experts.down_proj_bias[ids]) * weights.unsqueeze(-1))[inverse]
+    assert torch.equal(down_glue(down, experts.down_proj_bias, ids, weights, inverse, top_k),
+                       weighted.view(rows // top_k, top_k, HIDDEN).sum(dim=1))
+
+
+def relative_error(x, reference) -> float:
+    return ((x.float() - reference.float()).norm() / reference.float().norm()).item()
+
+
+def outputs(run) -> list[torch.Tensor]:
+    """lora_forward_backward's logits, input gradient and LoRA gradients (in the model's parameter order)."""
+    logits, embeds_grad, grads = run
+    return [logits, embeds_grad, *grads.values()]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_glue_trains_as_the_eager_one(tiny_dir, dtype):
+    """The glue compiled by Inductor (dynamic row counts, forward and backward fused) against the eager glue, over
+    two row counts. float32: logits and gradients within the tolerances above. bfloat16: the fused kernel rounds
+    once where the torch ops round after each, so values move by a bf16 ulp or two through the layers; its error
+    against the float32 model is held to at most twice the eager glue's own, plus 1e-3 (as the GPU checks hold a
+    kernel swap)."""
+    reference = packed(tiny_dir, "float32")
+    model = packed(tiny_dir, dtype)
+    for length in (9, 13):  # two row counts: one compile, dynamic in the rows
+        ids = torch.randint(3, VOCAB, (2, length), generator=torch.Generator().manual_seed(length))
+        runs = {}
+        for glue in ("eager", "compiled"):
+            copied = copy.deepcopy(model)
+            with forced_path("grouped_mm", "eager", glue):
+                runs[glue] = lora_forward_backward(copied, ids)
+            assert paths_run(copied) == [f"grouped_mm, eager decode, {glue} glue"]
+        if dtype == "float32":
+            for compiled, eager in zip(outputs(runs["compiled"]), outputs(runs["eager"])):
+                torch.testing.assert_close(compiled, eager, **TOLERANCE[dtype])
+            continue
+        with forced_path("grouped_mm", "eager", "eager"):
+            exact = lora_forward_backward(copy.deepcopy(reference), ids)
+        for compiled, eager, want in zip(outputs(runs["compiled"]), outputs(runs["eager"]), outputs(exact)):
+            assert relative_error(compiled, want) <= 2 * relative_error(eager, want) + 1e-3
+
+
 def test_forced_path_names_what_it_accepts():
     with pytest.raises(ValueError, match="decoder must be one of"):
         with forced_path(decoder="triton"):
+            pass
+    with pytest.raises(ValueError, match="glue must be one of"):
+        with forced_path(glue="triton"):
             pass
     with pytest.raises(ValueError, match="path must be one of"):
         with forced_path("cutlass"):
@@ -245,7 +304,7 @@ def test_autograd_keeps_no_float_expert_weight(tiny_dir, path):
     with forced_path(path):
         model = packed(tiny_dir, "bfloat16")
         saved = saved_during_forward(model, ids)
-    assert paths_run(model) == [f"{path}, eager decode"]
+    assert paths_run(model) == [f"{path}, eager decode, eager glue"]
     assert not {s for s, dtype in saved if dtype.is_floating_point} & WEIGHT_SHAPES
     assert ((EXPERTS, 2 * INTERMEDIATE, HIDDEN // 32, 16), torch.uint8) in saved  # what it keeps instead
 
@@ -300,7 +359,7 @@ def test_train_stage_trains_lora_over_packed_experts_as_over_16_bit_ones(tiny_di
         adapters[name] = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         if experts == MXFP4_EXPERTS:
             assert all(torch.equal(b, dict(trainer.model.named_buffers())[n]) for n, b in blocks.items())
-            assert paths_run(trainer.model) == ["grouped_mm, eager decode"]
+            assert paths_run(trainer.model) == ["grouped_mm, eager decode, eager glue"]
     for name in (MXFP4_EXPERTS, "recompute"):
         assert adapters[name].keys() == adapters["grouped_mm"].keys()
         for key, weight in adapters["grouped_mm"].items():
