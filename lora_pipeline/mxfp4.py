@@ -10,6 +10,7 @@ __all__ = [
     "MXFP4_BLOCK",
     "quantize_mxfp4",
     "dequantize_mxfp4",
+    "decode_table",
 ]
 
 # e2m1 code -> value; code bit 3 is the sign. Same table (and order) as transformers.integrations.mxfp4.FP4_VALUES.
@@ -89,16 +90,18 @@ def _e2m1_codes(q: torch.Tensor, midpoints: torch.Tensor) -> torch.Tensor:
     return code | (((q < 0) & (code > 0)).to(code.dtype) << 3)  # a value rounding to 0 is stored as +0
 
 
-_LUTS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+_TABLES: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
 
 
-def _lut(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """FP4_VALUES as a tensor, made once per dtype and device: copied to a GPU at every call, the table would stop the
-    host until the GPU caught up (a blocking copy), at each decode of the packed experts in training."""
-    key = (dtype, device)
-    if key not in _LUTS:
-        _LUTS[key] = torch.tensor(FP4_VALUES, dtype=dtype, device=device)
-    return _LUTS[key]
+def decode_table(name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A decode table, made once per dtype and device: "fp4" (FP4_VALUES) or "e8m0" (2**(s - 127) for every scale
+    byte s, as ldexp scales: torch.pow(2.0, e)). Copied to a GPU at every call, a table would stop the host until
+    the GPU caught up (a blocking copy), at each decode of the packed experts in training."""
+    key = (name, dtype, device)
+    if key not in _TABLES:
+        _TABLES[key] = torch.tensor(FP4_VALUES, dtype=dtype, device=device) if name == "fp4" else \
+            torch.pow(2.0, torch.arange(256, dtype=torch.int32, device=device) - E8M0_BIAS).to(dtype)
+    return _TABLES[key]
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -117,7 +120,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
             f"{tuple(scales.shape)}"
         )
     *prefix, groups, nbytes = blocks.shape
-    lut = _lut(dtype, blocks.device)
+    lut = decode_table("fp4", dtype, blocks.device)
     flat = blocks.reshape(-1, nbytes)
     exp = scales.reshape(-1, 1).to(torch.int32) - E8M0_BIAS
     out = torch.empty(flat.shape[0], 2 * nbytes, dtype=dtype, device=blocks.device)

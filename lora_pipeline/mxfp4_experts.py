@@ -20,7 +20,7 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from lora_pipeline.modeling import MXFP4_EXPERTS, experts_modules, set_experts_implementation
-from lora_pipeline.mxfp4 import E8M0_BIAS, FP4_VALUES, MXFP4_BLOCK
+from lora_pipeline.mxfp4 import MXFP4_BLOCK, decode_table
 from lora_pipeline.mxfp4_checkpoint import expert_from_disk, expert_to_disk
 
 __all__ = ["DECODERS", "GLUES", "PACKED", "PATHS", "PackedGroupedLinear", "decode_weight", "down_glue", "forced_path",
@@ -111,18 +111,6 @@ def decoder_for(device: torch.device) -> str:
     return "compiled" if device.type == "cuda" else "eager"
 
 
-_TABLES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 16 e2m1 values and 2**(s - 127) for every E8M0 scale byte s, in float32, as mxfp4.dequantize_mxfp4 uses
-    them (ldexp multiplies by torch.pow(2.0, e)); made once per device, as a copy at each call would stop the host."""
-    if device not in _TABLES:
-        _TABLES[device] = (torch.tensor(FP4_VALUES, dtype=torch.float32, device=device),
-                           torch.pow(2.0, torch.arange(256, dtype=torch.int32, device=device) - E8M0_BIAS))
-    return _TABLES[device]
-
-
 def _decode_in_one_pass(blocks, scales, values, powers, dtype: torch.dtype) -> torch.Tensor:
     """dequantize_mxfp4's arithmetic (each code's value times 2**(scale - 127) in float32, rounded once to `dtype`)
     as one expression, which Inductor fuses into one kernel: [..., G, 16] + [..., G] -> [..., G * 32]."""
@@ -138,7 +126,8 @@ def decode_weight(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
     mxfp4_checkpoint.expert_from_disk decodes it (the same values, bit for bit), through `decoder`."""
     if decoder == "eager":
         return expert_from_disk(blocks, scales, dtype)
-    return _decode_compiled(blocks, scales, *_tables(blocks.device), dtype).transpose(-2, -1)
+    values, powers = (decode_table(name, torch.float32, blocks.device) for name in ("fp4", "e8m0"))
+    return _decode_compiled(blocks, scales, values, powers, dtype).transpose(-2, -1)
 
 
 def gate_up_glue(proj, bias, expert_ids, limit: float, alpha: float) -> torch.Tensor:
@@ -235,15 +224,14 @@ def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_in
                                      path, decoder)
     if glue == "compiled":
         proj = _gate_up_glue_compiled(proj, self.gate_up_proj_bias, expert_ids_g, self.limit, self.alpha)
-        proj = PackedGroupedLinear.apply(proj, self.down_proj_blocks, self.down_proj_scales, offsets, dtype, path,
-                                         decoder)
-        out = _down_glue_compiled(proj, self.down_proj_bias, expert_ids_g, sample_weights_g, inv_perm, num_top_k)
-        return out.to(hidden_states.dtype)
-
-    proj.add_(self.gate_up_proj_bias[expert_ids_g])
-    proj = self._apply_gate(proj)  # (S, intermediate)
+    else:
+        proj.add_(self.gate_up_proj_bias[expert_ids_g])
+        proj = self._apply_gate(proj)  # (S, intermediate)
     proj = PackedGroupedLinear.apply(proj, self.down_proj_blocks, self.down_proj_scales, offsets, dtype, path,
                                      decoder)
+    if glue == "compiled":
+        out = _down_glue_compiled(proj, self.down_proj_bias, expert_ids_g, sample_weights_g, inv_perm, num_top_k)
+        return out.to(hidden_states.dtype)
     proj.add_(self.down_proj_bias[expert_ids_g])
     weighted = proj * sample_weights_g.unsqueeze(-1)  # (S, hidden)
     weighted = weighted[inv_perm]
