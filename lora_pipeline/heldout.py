@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from lora_pipeline.distributed import gather, process_group
+from lora_pipeline.generation import batches
 from lora_pipeline.metrics import loss_figures
 from lora_pipeline.modeling import experts_implementation, loss_attention
 
@@ -37,16 +38,15 @@ LOGITS_AT_ONCE = 2**28
 @torch.no_grad()
 def heldout_loss(model, tokenizer, conversations: list[list[dict]], max_length: int, batch_size: int) -> dict:
     """Mean next-token loss over the assistant tokens of held-out conversations, and its perplexity. Rows go through
-    the model in batches of similar length; the LM head runs only on the positions that predict an assistant token,
-    as many at a time as LOGITS_AT_ONCE allows. In a launch of several processes each takes every n-th batch and
-    the sums are added in batch order, as one process adds them."""
+    the model in batches of similar length (generation.batches); the LM head runs only on the positions that predict
+    an assistant token, as many at a time as LOGITS_AT_ONCE allows. In a launch of several processes each takes
+    every n-th batch and the sums are added in batch order, as one process adds them."""
     rank, world = process_group()
     encoded = [assistant_mask(tokenizer, c, max_length) for c in conversations]
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))  # little padding in each batch
     positions_at_once = max(1, LOGITS_AT_ONCE // model.config.vocab_size)
     sums = []
-    for start in list(range(0, len(order), batch_size))[rank::world]:
-        chunk = [encoded[i] for i in order[start:start + batch_size]]
+    for index, batch in list(enumerate(batches([len(ids) for ids, _ in encoded], batch_size)))[rank::world]:
+        chunk = [encoded[i] for i in batch]
         width = max(len(ids) for ids, _ in chunk)
         pad = tokenizer.pad_token_id
         ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in chunk], device=model.device)
@@ -60,7 +60,7 @@ def heldout_loss(model, tokenizer, conversations: list[list[dict]], max_length: 
             logits = model.get_output_embeddings()(predicting[first:first + positions_at_once]).float()
             total += torch.nn.functional.cross_entropy(logits, targets[first:first + positions_at_once],
                                                        reduction="sum")
-        sums.append((start, total.item(), len(targets)))
+        sums.append((index, total.item(), len(targets)))
     total, count = 0.0, 0
     for _, batch_total, batch_count in sorted(gather(sums)):
         total += batch_total
