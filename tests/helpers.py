@@ -24,6 +24,17 @@ def load_rows(data_params) -> tuple[list[dict], dict]:
     return rows, counts
 
 
+def word_tokenizer(vocab: dict[str, int]):
+    """A whitespace word-level tokenizer over `vocab` (t0 padding, t1 unknown, t2 end of text), for tests that need
+    token ids they can write by hand."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel(vocab, unk_token="t1"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="t0", eos_token="t2")
+
+
 def build_tiny_gpt_oss(out_dir, **sizes) -> None:
     """Write a randomly initialised tiny gpt-oss (see random_gpt_oss) to out_dir as an MXFP4 checkpoint."""
     save_mxfp4_checkpoint(random_gpt_oss(**sizes), out_dir)

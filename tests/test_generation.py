@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import build_tiny_gpt_oss
+from helpers import build_tiny_gpt_oss, word_tokenizer
 from lora_pipeline.generation import (GROUPED_FOR_GENERATION, batches, decoding_implementations,
                                       generate_from_prompts, use_for_generation)
 from lora_pipeline.heldout import use_for_loss
@@ -55,12 +55,7 @@ def test_loader_runs_the_experts_implementation_asked_for(tiny_gpt_oss, asked):
 
 
 def test_generation_with_grouped_experts_decodes_as_the_expert_loop(tiny_gpt_oss):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(512)}, unk_token="t1"))
-    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="t0", eos_token="t2")
+    tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
     prompts = [" ".join(f"t{(7 * i + 3 * j) % 500 + 3}" for j in range(n)) for i, n in enumerate([5, 17, 9, 30])]
     texts = {}
     for experts in ("eager", "grouped_mm"):

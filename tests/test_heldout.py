@@ -2,9 +2,9 @@
 positions the LM head takes at once."""
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from helpers import word_tokenizer
 from lora_pipeline import heldout
 from lora_pipeline.heldout import assistant_mask, heldout_loss
 
@@ -16,9 +16,7 @@ TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {% if m['role'] == 'assistan
 @pytest.fixture(scope="module")
 def model_and_tokenizer():
     vocab = {f"t{i}": i for i in range(VOCAB - 3)} | {"user": VOCAB - 3, "assistant": VOCAB - 2, "system": VOCAB - 1}
-    words = Tokenizer(models.WordLevel(vocab, unk_token="t1"))
-    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="t0", eos_token="t2")
+    tokenizer = word_tokenizer(vocab)
     tokenizer.chat_template = TEMPLATE
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
