@@ -250,6 +250,7 @@ class Eval(_Section):
     max_new_tokens: int = Field(ge=1)
     batch_size: int = Field(ge=1)
     do_sample: bool
+    decode_step: Literal["eager", "cudagraphs", "inductor"]
     include_base: bool
     loss_rows: int = Field(ge=0)
     mgsm: Mgsm

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
 from lora_pipeline import stage_outputs
@@ -53,7 +54,7 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     implementations = {"loss": use_for_loss(model)}
     loss = heldout_loss(model, tokenizer, heldout, max_length=2048, batch_size=ev.batch_size)
     timings = {"loss_seconds": time.perf_counter() - started}
-    implementations["generation"] = use_for_generation(model)
+    implementations["generation"] = use_for_generation(model, ev.decode_step)
 
     # Every prompt in one list, generated in length-sorted batches: each held-out question once per reasoning
     # language, MGSM with reasoning asked in the question's own language, and the demo.
@@ -63,7 +64,8 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     conversations += [prompt_messages(r["question"], LANGUAGE_NAMES[lang]) for lang, rows in mgsm.items() for r in rows]
     conversations.append(DEMO)
     stats = {}
-    outputs = iter(generate(model, tokenizer, conversations, ev.max_new_tokens, ev.batch_size, ev.do_sample, stats))
+    outputs = iter(generate(model, tokenizer, conversations, ev.max_new_tokens, ev.batch_size, ev.do_sample, stats,
+                            implementations["generation"]["decode_step"]))
     timings["generation"] = stats | {"new_tokens_per_s": stats.get("new_tokens", 0) / max(stats.get("seconds", 0), 1e-9),
                                      "ms_per_step": 1000 * stats.get("seconds", 0) / max(stats.get("decode_steps", 0), 1)}
 
@@ -98,9 +100,10 @@ def main():
     params = load_params(paths["stage"])
     ev = params.eval
     check_eval(ev)  # every input, before loading a model
+    process_started = psutil.Process().create_time()
+    metrics, records, speed = {}, [], {"start_seconds": time.time() - process_started}  # interpreter and imports
     state = launch_state()  # under accelerate launch with several processes: joins their group
     device = state.device if state.device.type == "cuda" else torch.device("cpu")
-    metrics, records, speed = {}, [], {}
     if name == "finetuned" or ev.include_base:
         test_rows = read_jsonl(TEST)
         heldout = [conversation(r) for r in test_rows[: ev.loss_rows or None]]
@@ -119,7 +122,8 @@ def main():
     if state.process_index != 0:
         return
     speed |= {"model": name, "processes": state.num_processes, "device": str(device),
-              "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
+              "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+              "process_seconds": time.time() - process_started}
     write_json(paths["speed"], speed)
     write_compliance(metrics.get("compliance", {}), paths["compliance"])
     write_jsonl(records, paths["generations"])

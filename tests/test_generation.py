@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import build_tiny_gpt_oss, word_tokenizer
-from lora_pipeline.generation import (GROUPED_FOR_GENERATION, batches, decoding_implementations,
+from lora_pipeline.generation import (GROUPED_FOR_GENERATION, batches, decode_step_options, decoding_implementations,
                                       generate_from_prompts, use_for_generation)
 from lora_pipeline.heldout import use_for_loss
 from lora_pipeline.modeling import experts_implementation, load_model, loss_attention
@@ -78,3 +78,49 @@ def test_batches_are_length_sorted_and_the_same_for_any_process_count():
     lengths = [30, 5, 17, 5, 40, 12, 8]
     got = batches(lengths, 3)
     assert got == [[1, 3, 6], [5, 2, 0], [4]]  # shortest first; equal lengths keep their order
+
+
+@pytest.mark.parametrize("decode_step, device_type, sliding, want", [
+    ("eager", "cuda", False, "eager"),
+    ("cudagraphs", "cuda", False, "cudagraphs"),
+    ("inductor", "cuda", False, "inductor"),
+    ("cudagraphs", "cpu", False, "eager"),  # needs a GPU: falls back, and says so
+    ("inductor", "cuda", True, "eager"),  # gpt-oss's sliding-window layers
+])
+def test_decode_step_chosen(decode_step, device_type, sliding, want):
+    chosen = decoding_implementations("qwen2", "sdpa", None, decode_step, device_type, sliding)
+    assert chosen["decode_step"] == want
+    assert bool(chosen["notes"]) == (want != decode_step)
+
+
+def test_an_unknown_decode_step_is_refused_by_name():
+    with pytest.raises(ValueError, match="eval.decode_step: 'graphs'"):
+        decoding_implementations("qwen2", "sdpa", None, "graphs", "cuda")
+
+
+def tiny_qwen2(folder):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def test_the_compiled_static_cache_step_decodes_as_the_eager_one(tmp_path):
+    # The graph the cudagraphs and inductor steps are built from: a static KV cache and the decode step traced by
+    # torch.compile as one graph (fullgraph: a graph break fails), compiled here on the CPU, where the cudagraphs
+    # backend records no CUDA graph and runs the traced graph.
+    tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
+    prompts = [" ".join(f"t{(7 * i + 3 * j) % 500 + 3}" for j in range(n)) for i, n in enumerate([5, 17, 9, 30])]
+    model = load_model(tiny_qwen2(tmp_path / "qwen2"), model_params()).eval()
+    eager = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=12, batch_size=4, min_new_tokens=12)
+    torch._dynamo.reset()
+    compiled = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=12, batch_size=4, min_new_tokens=12,
+                                     **decode_step_options("cudagraphs", compile_on_cpu=True))
+    assert compiled == eager
+    assert all(len(t.split()) == 12 for t in eager)
+
+
+def test_gpt_oss_has_the_sliding_window_layers_that_keep_its_decode_step_eager(tiny_gpt_oss):
+    assert "sliding_attention" in load_model(tiny_gpt_oss, model_params()).config.layer_types

@@ -98,7 +98,7 @@ def test_the_gate_figures_are_those_evaluate_writes(monkeypatch):
                               "mgsm": {"path": "hub", "languages": ["de", "fr"], "limit": 2}})
     monkeypatch.setattr(evaluate, "heldout_loss", lambda *args, **kwargs: loss_figures(1.0, 4))
     monkeypatch.setattr(evaluate, "use_for_loss", lambda model: {})
-    monkeypatch.setattr(evaluate, "use_for_generation", lambda model: {})
+    monkeypatch.setattr(evaluate, "use_for_generation", lambda model, decode_step: {"decode_step": decode_step})
     monkeypatch.setattr(evaluate, "read_mgsm", lambda path, lang, limit: [{"question": "2+5?", "answer": 7.0}] * limit)
     monkeypatch.setattr(evaluate, "generate", lambda model, tokenizer, conversations, *args: ["7"] * len(conversations))
     monkeypatch.setattr(evaluate, "detect_language", lambda text: "en")
