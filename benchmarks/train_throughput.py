@@ -10,10 +10,11 @@ seed baseline's (../shared/bench/seed_baseline.py), so the two tokens/s figures 
 Prints one JSON line: tokens/s over all processes (non-padding tokens after warm-up), step time, peak GiB per
 GPU while training and while loading, MFU, the global batch and the implementations that ran.
 
-gpt-oss-20b with its frozen experts kept in MXFP4 (lora_pipeline.mxfp4_experts), without recompute:
+gpt-oss-20b as its recipe trains (frozen experts kept in MXFP4, lora_pipeline.mxfp4_experts; no recompute), its
+global batch of 16 on one GPU, the experts' glue as the train stage runs it (compiled on a GPU) or forced:
     python benchmarks/train_throughput.py --recipe gpt-oss-20b --arch gpt-oss-20b \
-        --set model.experts_implementation=grouped_mm_mxfp4 --set train.sft.gradient_checkpointing=false \
-        [--experts-glue compiled]
+        --set train.sft.per_device_train_batch_size=4 --set train.sft.gradient_accumulation_steps=4 \
+        [--experts-glue eager]
 """
 import argparse
 import faulthandler
@@ -138,7 +139,7 @@ def main():
                         help="flex attention's block masks built eagerly or by torch.compile (auto: as the train stage)")
     parser.add_argument("--save-adapter", metavar="DIR", help="after the steps, save the adapter as the train stage "
                         "does (every process takes part: FSDP and DeepSpeed gather the shards)")
-    parser.add_argument("--experts-glue", choices=["eager", "compiled"], default="eager",
+    parser.add_argument("--experts-glue", choices=["auto", "eager", "compiled"], default="auto",
                         help="model.experts_implementation grouped_mm_mxfp4 only: the elementwise work between the "
                         "experts' grouped GEMMs as torch ops (eager) or compiled by Inductor")
     parser.add_argument("--stacks-every", type=int, metavar="S", help="print every thread's Python stack every S "
@@ -210,7 +211,7 @@ def main():
         return batch
 
     trainer.data_collator = counting
-    with forced_path(glue=args.experts_glue):
+    with forced_path(glue=None if args.experts_glue == "auto" else args.experts_glue):
         trainer.train()
     if profiled and state.is_main_process:
         table = profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)

@@ -111,6 +111,14 @@ def decoder_for(device: torch.device) -> str:
     return "compiled" if device.type == "cuda" else "eager"
 
 
+def glue_for(device: torch.device) -> str:
+    """compiled on a GPU (faster, and fewer saved intermediates: docs/performance.md); eager elsewhere, where
+    compiling would cost more than it saves."""
+    if _forced["glue"]:
+        return _forced["glue"][-1]
+    return "compiled" if device.type == "cuda" else "eager"
+
+
 def _decode_in_one_pass(blocks, scales, values, powers, dtype: torch.dtype) -> torch.Tensor:
     """dequantize_mxfp4's arithmetic (each code's value times 2**(scale - 127) in float32, rounded once to `dtype`)
     as one expression, which Inductor fuses into one kernel: [..., G, 16] + [..., G] -> [..., G * 32]."""
@@ -204,7 +212,7 @@ def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_in
     num_tokens, hidden_dim = hidden_states.shape
     dtype = self.gate_up_proj_bias.dtype  # the model's dtype (the biases follow model.to)
     path, decoder = matmul_path(device, dtype), decoder_for(device)
-    glue = _forced["glue"][-1] if _forced["glue"] else "eager"
+    glue = glue_for(device)
     self.mxfp4_path = f"{path}, {decoder} decode, {glue} glue"
 
     sample_weights = top_k_weights.reshape(-1)  # (S,) with S = num_tokens * num_top_k

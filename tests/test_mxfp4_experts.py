@@ -22,8 +22,8 @@ from helpers import build_tiny_gpt_oss, shipped
 from lora_pipeline.modeling import MXFP4_EXPERTS, experts_implementation, load_model, set_experts_implementation
 from lora_pipeline.mxfp4 import E8M0_BIAS, dequantize_mxfp4, quantize_mxfp4
 from lora_pipeline.mxfp4_checkpoint import _checkpoint_files, _read, expert_from_disk
-from lora_pipeline.mxfp4_experts import (PATHS, decode_weight, down_glue, forced_path, gate_up_glue, pack_experts,
-                                         packing_problems, paths_run)
+from lora_pipeline.mxfp4_experts import (PATHS, decode_weight, decoder_for, down_glue, forced_path, gate_up_glue,
+                                         glue_for, pack_experts, packing_problems, paths_run)
 
 VOCAB, HIDDEN, INTERMEDIATE, EXPERTS, LAYERS = 128, 64, 96, 4, 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -420,3 +420,10 @@ def test_validate_accepts_packed_experts_of_tiny_gpt_oss(monkeypatch):
 
     monkeypatch.chdir(ROOT)
     assert validate_all(shipped(**GPT_OSS)).model.experts_implementation == MXFP4_EXPERTS
+
+
+def test_a_gpu_compiles_the_decode_and_the_glue_a_cpu_runs_them_eagerly_unless_forced():
+    for choose, forced in ((decoder_for, {"decoder": "compiled"}), (glue_for, {"glue": "compiled"})):
+        assert (choose(torch.device("cuda")), choose(torch.device("cpu"))) == ("compiled", "eager")
+        with forced_path(**forced):
+            assert choose(torch.device("cpu")) == "compiled"
