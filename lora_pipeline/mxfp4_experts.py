@@ -103,20 +103,22 @@ def matmul_path(device: torch.device, dtype: torch.dtype) -> str:
     return "loop"
 
 
-def decoder_for(device: torch.device) -> str:
-    """compiled on a GPU (Inductor's elementwise kernel); eager elsewhere, where compiling would cost more than it
-    saves."""
-    if _forced["decoder"]:
-        return _forced["decoder"][-1]
+def _compiled_on_gpu(kind: str, device: torch.device) -> str:
+    """forced_path's choice of `kind` if any; else compiled on a GPU, eager elsewhere, where compiling would cost
+    more than it saves."""
+    if _forced[kind]:
+        return _forced[kind][-1]
     return "compiled" if device.type == "cuda" else "eager"
+
+
+def decoder_for(device: torch.device) -> str:
+    """The decoder: compiled on a GPU (Inductor's elementwise kernel), eager elsewhere (_compiled_on_gpu)."""
+    return _compiled_on_gpu("decoder", device)
 
 
 def glue_for(device: torch.device) -> str:
-    """compiled on a GPU (faster, and fewer saved intermediates: docs/performance.md); eager elsewhere, where
-    compiling would cost more than it saves."""
-    if _forced["glue"]:
-        return _forced["glue"][-1]
-    return "compiled" if device.type == "cuda" else "eager"
+    """The glue: compiled on a GPU (faster, and fewer saved intermediates: docs/performance.md), eager elsewhere."""
+    return _compiled_on_gpu("glue", device)
 
 
 def _decode_in_one_pass(blocks, scales, values, powers, dtype: torch.dtype) -> torch.Tensor:
