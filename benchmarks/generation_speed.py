@@ -40,7 +40,6 @@ def main():
     model = load_model(args.model, params, device_map={"": "cuda"}).eval()
     load_seconds = time.perf_counter() - started
     chosen = use_for_generation(model)
-    implementations = {"attention": chosen["attention"]}
     rows = builtin_data.generate(400, seed=1)
     questions = [next(m["content"] for m in r["messages"] if m["role"] == "user") for r in rows]
     languages = list(LANGUAGE_NAMES)
@@ -58,7 +57,7 @@ def main():
             stats = {}
             generate(model, tokenizer, conversations, args.new_tokens, int(batch), stats=stats,
                      decode_step=decode_step, min_new_tokens=args.new_tokens)
-            result = {"model": args.model, **implementations, "experts": experts_implementation(model),
+            result = {"model": args.model, "attention": chosen["attention"], "experts": experts_implementation(model),
                       "batch": int(batch), "decode_step": decode_step, "call": call,
                       "new_tokens": stats["new_tokens"], "decode_steps": stats["decode_steps"],
                       "seconds": round(stats["seconds"], 2),

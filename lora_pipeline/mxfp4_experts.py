@@ -33,7 +33,7 @@ PATHS = ("grouped_mm", "loop")  # one grouped GEMM per projection, or a matmul p
 DECODERS = ("compiled", "eager")
 # The elementwise work around the two grouped GEMMs (biases, gpt-oss's clamped GLU, routing weights, the rows back in
 # token order): transformers' torch ops, a kernel each, or two functions compiled by Inductor with dynamic row
-# counts, forward and backward fused. Eager unless forced (forced_path; docs/performance.md).
+# counts, forward and backward fused. Compiled on a GPU, eager elsewhere, unless forced (glue_for, forced_path).
 GLUES = ("eager", "compiled")
 _forced: dict[str, list[str]] = {"path": [], "decoder": [], "glue": []}  # forced_path's choices, innermost last
 
