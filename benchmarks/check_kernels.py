@@ -7,6 +7,9 @@ Checks, each as max |logit diff| and |loss diff| against a float32 eager referen
   - gpt-oss experts: grouped_mm vs the eager per-expert loop;
   - Liger (RMSNorm, RoPE, fused linear cross-entropy) vs stock, loss and LoRA gradients;
   - padding-free (rows concatenated, position_ids) vs padded rows: the same per-token loss;
+  - compiled_layers: Qwen2 with LoRA (bf16, flex attention, padding-free rows with a padded tail), each decoder
+    layer compiled by Inductor (lora_pipeline.training.compile_decoder_layers) vs eager: logits, loss and the LoRA
+    gradients against float32 eager, for two packed lengths (the second compiles a graph over a symbolic length);
   - generation: the implementations evaluate decodes with (lora_pipeline.generation.use_for_generation, from a model
     loaded as the recipes train it), greedy with a KV cache after left-padded prompts; each step's logits against
     a float32 forward over the same tokens with eager attention and the eager experts loop;
@@ -143,6 +146,43 @@ def check_padding_free(rows):
         rows.append({"check": f"padding-free vs padded rows ({attn}, fp32)", "loss_padded": padded_loss.item(),
                      "loss_padding_free": flat_loss.item(), "abs_loss_diff": abs(flat_loss - padded_loss).item(),
                      "tolerance": 1e-4, "pass": bool(abs(flat_loss - padded_loss).item() <= 1e-4)})
+
+
+def check_compiled_layers(rows):
+    from peft import LoraConfig, get_peft_model
+
+    from lora_pipeline.training import compile_decoder_layers
+
+    torch.manual_seed(0)
+    base = set_impl(small_qwen2(), "flex_attention")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    models = {}
+    for name, dtype, mode in (("fp32", torch.float32, "none"), ("stock", torch.bfloat16, "none"),
+                              ("compiled", torch.bfloat16, "default")):
+        torch.manual_seed(1)
+        models[name] = get_peft_model(copy.deepcopy(base).to("cuda", dtype), LoraConfig(
+            r=8, lora_alpha=32, target_modules=targets, lora_dropout=0.0, init_lora_weights=False))
+        compile_decoder_layers(models[name], mode)
+    for lengths in ([700, 300, 981], [512, 1200, 77, 640]):  # packed lengths 2048 and 2496 with their tails
+        seqs = [torch.randint(3, 8192, (n,), device="cuda") for n in lengths]
+        tail = -sum(lengths) % 256  # train.sft.pad_to_multiple_of 256: pad tokens, each at position 0
+        ids = torch.cat([*seqs, torch.zeros(tail, dtype=torch.long, device="cuda")])[None]
+        positions = torch.cat([*(torch.arange(n, device="cuda") for n in lengths),
+                               torch.zeros(tail, dtype=torch.long, device="cuda")])[None]
+        labels = ids.masked_fill(positions == 0, -100)
+        results = {}
+        for name, model in models.items():
+            model.zero_grad()
+            out = model(input_ids=ids, position_ids=positions, labels=labels)
+            out.loss.backward()
+            grads = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.requires_grad])
+            results[name] = (out.logits.float().detach(), out.loss.float().detach(), grads)
+        row = compare(f"qwen2 LoRA: compiled decoder layers vs eager (bf16, flex, packed {ids.shape[1]})",
+                      results["fp32"][:2], results["stock"][:2], results["compiled"][:2])
+        rel = lambda g: ((g - results["fp32"][2]).norm() / results["fp32"][2].norm()).item()  # noqa: E731
+        row |= {"stock_lora_grad_rel": rel(results["stock"][2]), "swap_lora_grad_rel": rel(results["compiled"][2])}
+        row["pass"] = bool(row["pass"] and row["swap_lora_grad_rel"] <= 2 * row["stock_lora_grad_rel"] + 1e-2)
+        rows.append(row)
 
 
 def generated_logits(model, ids, mask, new_tokens):
@@ -366,8 +406,8 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
                               and glue_grad_rel <= 8e-3)})
 
 
-CHECKS = {"generation": check_generation, "gpt-oss": check_gpt_oss, "liger": check_liger,
-          "mxfp4_experts": check_mxfp4_experts, "padding-free": check_padding_free}
+CHECKS = {"compiled_layers": check_compiled_layers, "generation": check_generation, "gpt-oss": check_gpt_oss,
+          "liger": check_liger, "mxfp4_experts": check_mxfp4_experts, "padding-free": check_padding_free}
 
 
 def main():

@@ -207,8 +207,9 @@ def lora_config(lora_params):
     return LoraConfig(task_type="CAUSAL_LM", **fields)
 
 
-def apply_liger(model, wanted: bool) -> dict:
+def apply_liger(model, wanted: bool, declined: str | None = None) -> dict:
     """Patch the model with Liger kernels where possible; return the decision, to be logged and recorded.
+    declined: why another lever rules them out on this run (they are then not applied, and the reason recorded).
 
     Liger's Triton kernels need a GPU: on a CPU the request is declined, loudly, rather than ignored.
     Its fused linear cross-entropy is left out: it replaces the model's forward, which TRL's SFTTrainer bypasses when
@@ -218,6 +219,9 @@ def apply_liger(model, wanted: bool) -> dict:
     """
     if not wanted:
         return {"applied": False, "reason": "train.liger is false", "kernels": []}
+    if declined:
+        log.warning("Liger requested but not applied: %s", declined)
+        return {"applied": False, "reason": declined, "kernels": []}
     if not torch.cuda.is_available():
         decision = {"applied": False, "reason": "Liger kernels need a CUDA GPU; none is present", "kernels": []}
         log.warning("Liger requested but not applied: %s", decision["reason"])

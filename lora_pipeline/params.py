@@ -200,6 +200,7 @@ AccelerateConfig = Annotated[str, AfterValidator(accelerate_config_name)]
 class Train(_Section):
     accelerate_config: AccelerateConfig
     liger: bool
+    compile_layers: Literal["none", "default", "max-autotune-no-cudagraphs", "reduce-overhead"]
     checkpoint_steps: int = Field(ge=0)
     sft: Sft
 

@@ -63,6 +63,29 @@ def build_block_masks_eagerly() -> None:
     masking_utils.create_block_mask = create_block_mask  # what transformers' flex_attention_mask calls
 
 
+def compile_decoder_layers(model, mode: str, device_type: str | None = None, backend: str = "inductor") -> dict:
+    """Each decoder layer (the model's repeated block, LoRA included) compiled in place by torch.compile with `mode`
+    ("default" or another torch.compile mode), so Inductor fuses LoRA's dropout, scaling and add, the norms, SwiGLU
+    and RoPE, and a step launches far fewer kernels (a small model's step is bound by launching them). The first
+    packed length compiles a static graph, a second one a graph over a symbolic length that serves every later one.
+    On a CPU (device_type, default: where the model is) the layers stay eager: compiling costs more than it saves
+    there. Returns what ran, to be recorded."""
+    device_type = device_type or next(model.parameters()).device.type
+    if mode == "none":
+        return {"mode": "none"}
+    if device_type != "cuda":
+        return {"mode": "none", "requested": mode, "reason": "compiled layers need a GPU; eager on the CPU"}
+    blocks = set(getattr(model.get_base_model() if hasattr(model, "get_base_model") else model,
+                         "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in blocks]
+    if not layers:
+        raise ValueError(f"train.compile_layers: {mode}, but {type(model).__name__} names no repeated decoder layer "
+                         "(_no_split_modules); set train.compile_layers: none")
+    for layer in layers:
+        layer.compile(backend=backend, mode=None if mode == "default" else mode)
+    return {"mode": mode, "backend": backend, "layers": len(layers), "layer_class": type(layers[0]).__name__}
+
+
 def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
                   flex_block_mask: str = "auto") -> tuple[SFTTrainer, dict]:
     """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs.
@@ -83,7 +106,10 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
-    liger = apply_liger(model, params.train.liger)
+    compiling = params.train.compile_layers != "none" and torch.cuda.is_available()
+    liger = apply_liger(model, params.train.liger, declined="train.compile_layers: Inductor fuses the compiled layers' "
+                        "norms, SwiGLU and RoPE itself, and Liger's Triton kernels do not compile under it"
+                        if compiling else None)
     trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
                          peft_config=lora_config(params.lora), callbacks=list(callbacks))
     if levers["padding_free"] and not args.padding_free:
@@ -109,12 +135,15 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
             "eager" if trainer.accelerator.num_processes > 1 else "compiled")
         if block_mask == "eager":
             build_block_masks_eagerly()
+    compiled = compile_decoder_layers(trainer.model, params.train.compile_layers)
     record = {"distributed": trainer.accelerator.distributed_type.value, "processes": trainer.accelerator.num_processes,
               "quantization": params.quantization.method, "quantized_layers": quantized,
               "attention": model.config._attn_implementation, "block_mask": block_mask,
               "experts": getattr(model.config, "_experts_implementation", None), "liger": liger, **levers}
     if packed:  # only then: the adapter's training_info.json of any other run stays as it was
         record["packed_experts"] = {**packed, "ddp_broadcast_buffers": args.ddp_broadcast_buffers}
+    if params.train.compile_layers != "none":  # likewise
+        record["compiled_layers"] = compiled
     log.warning("training with %s", record)
     return trainer, record
 

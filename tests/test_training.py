@@ -1,11 +1,13 @@
-"""The train stage's trainer levers that can be checked on a CPU: flex attention with eagerly built block masks."""
+"""The train stage's trainer levers that can be checked on a CPU: flex attention with eagerly built block masks,
+checkpointing every n layers, compiled decoder layers, FSDP2's gathered adapter."""
 import multiprocessing
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, masking_utils
 
-from lora_pipeline.training import build_block_masks_eagerly
+from lora_pipeline.modeling import apply_liger
+from lora_pipeline.training import build_block_masks_eagerly, compile_decoder_layers
 
 
 def test_eager_block_masks_keep_packed_rows_apart():
@@ -96,6 +98,43 @@ def test_checkpointing_every_second_layer_reaches_the_layers_and_learns_the_same
         adapters[name] = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if v.requires_grad}
     for key, weight in adapters["none"].items():
         torch.testing.assert_close(adapters["every-2"][key], weight, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_layers_stay_eager_on_the_cpu_and_compiled_ones_learn_the_same(tmp_path):
+    """train.compile_layers on a CPU: the layers stay eager, the record says so and why. Compiled as on a GPU (dynamo
+    and AOT autograd here; Inductor's own kernels are checked on the GPU by benchmarks/check_kernels.py), the four
+    layers are traced once for all (one graph per shape, shared by the layers), and the adapter after two steps is
+    the eager one."""
+    from torch._dynamo.utils import counters
+
+    trainer, record = _tiny_trainer(tmp_path, "cpu", ["train.compile_layers=default"])
+    assert record["compiled_layers"] == {"mode": "none", "requested": "default",
+                                         "reason": "compiled layers need a GPU; eager on the CPU"}
+    layers = trainer.model.base_model.model.model.layers
+    assert not any(layer._compiled_call_impl for layer in layers)
+    adapters = {}
+    for name in ("eager", "compiled"):
+        trainer, record = _tiny_trainer(tmp_path, name, [])
+        assert "compiled_layers" not in record  # a run without the lever records nothing new
+        if name == "compiled":
+            counters.clear()
+            assert compile_decoder_layers(trainer.model, "default", device_type="cuda", backend="aot_eager") == {
+                "mode": "default", "backend": "aot_eager", "layers": 4, "layer_class": "Qwen2DecoderLayer"}
+        trainer.train()
+        adapters[name] = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if v.requires_grad}
+    assert 0 < counters["stats"]["unique_graphs"] <= 8  # forward and backward for a shape or two, not per layer
+    for key, weight in adapters["eager"].items():
+        torch.testing.assert_close(adapters["compiled"][key], weight, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_without_repeated_layers_is_refused_by_key():
+    with pytest.raises(ValueError, match="train.compile_layers: default.*train.compile_layers: none"):
+        compile_decoder_layers(torch.nn.Linear(2, 2), "default", device_type="cuda")
+
+
+def test_liger_declined_by_another_lever_says_why():
+    decision = apply_liger(torch.nn.Linear(2, 2), True, declined="train.compile_layers: reason")
+    assert decision == {"applied": False, "reason": "train.compile_layers: reason", "kernels": []}
 
 
 @pytest.mark.e2e  # two training processes under torch.distributed.run
