@@ -214,8 +214,10 @@ def main():
     with forced_path(glue=None if args.experts_glue == "auto" else args.experts_glue):
         trainer.train()
     if profiled and state.is_main_process:
-        table = profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
-        Path(args.profile).write_text(f"{args.recipe} {args.set} ({profiled} optimizer steps)\n{table}\n")
+        events = profiler.key_averages()
+        tables = [f"sorted by {key}:\n" + events.table(sort_by=key, row_limit=30, max_name_column_width=70)
+                  for key in ("self_cuda_time_total", "self_cpu_time_total")]  # the GPU's work, then the host's
+        Path(args.profile).write_text(f"{args.recipe} {args.set} ({profiled} optimizer steps)\n" + "\n".join(tables))
     (t0, k0), (t1, k1) = marks[warm], marks[warm + args.steps]
     local = torch.tensor([k1 - k0, t1 - t0, torch.cuda.max_memory_allocated() / 2**30, load_peak[0]], device="cuda")
     gathered = trainer.accelerator.gather(local[None]).cpu()  # one row per process
