@@ -135,8 +135,6 @@ def main():
     parser.add_argument("--seed-result", help="the seed baseline's JSON lines from the same call: adds the ratio")
     parser.add_argument("--commit", default="", help="the project's git commit, recorded with the result")
     parser.add_argument("--out", help="append the JSON line to this file")
-    parser.add_argument("--block-mask", choices=["auto", "eager", "compiled"], default="auto",
-                        help="flex attention's block masks built eagerly or by torch.compile (auto: as the train stage)")
     parser.add_argument("--save-adapter", metavar="DIR", help="after the steps, save the adapter as the train stage "
                         "does (every process takes part: FSDP and DeepSpeed gather the shards)")
     parser.add_argument("--experts-glue", choices=["auto", "eager", "compiled"], default="auto",
@@ -199,7 +197,7 @@ def main():
     rows = workload(**WORKLOADS[args.arch]) if args.workload == "standard" else builtin_workload(2000, 0)
     start = time.perf_counter()
     trainer, implementations = build_trainer(params, checkpoint, Dataset.from_list(rows), Path("/tmp/bench-out"),
-                                             callbacks=[Clock()], flex_block_mask=args.block_mask)
+                                             callbacks=[Clock()])
     inner = trainer.data_collator
     print(f"# rank {state.process_index}: model loaded and trainer built in {time.perf_counter() - start:.0f}s",
           flush=True)

@@ -201,6 +201,7 @@ class Train(_Section):
     accelerate_config: AccelerateConfig
     liger: bool
     compile_layers: Literal["none", "default", "max-autotune-no-cudagraphs", "reduce-overhead"]
+    flex_block_mask: Literal["auto", "eager", "compiled"]
     checkpoint_steps: int = Field(ge=0)
     sft: Sft
 

@@ -63,6 +63,12 @@ def build_block_masks_eagerly() -> None:
     masking_utils.create_block_mask = create_block_mask  # what transformers' flex_attention_mask calls
 
 
+def block_masks_built(setting: str, processes: int) -> str:
+    """How flex attention's block masks are built (train.flex_block_mask): auto is compiled in one process (faster
+    for Qwen2-0.5B's compiled layers), eager in several, where compiled ones stalled (docs/performance.md)."""
+    return setting if setting != "auto" else ("eager" if processes > 1 else "compiled")
+
+
 def compile_decoder_layers(model, mode: str, device_type: str | None = None, backend: str = "inductor") -> dict:
     """Each decoder layer (the model's repeated block, LoRA included) compiled in place by torch.compile with `mode`
     ("default" or another torch.compile mode), so Inductor fuses LoRA's dropout, scaling and add, the norms, SwiGLU
@@ -86,11 +92,8 @@ def compile_decoder_layers(model, mode: str, device_type: str | None = None, bac
     return {"mode": mode, "backend": backend, "layers": len(layers), "layer_class": type(layers[0]).__name__}
 
 
-def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
-                  flex_block_mask: str = "auto") -> tuple[SFTTrainer, dict]:
-    """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs.
-    flex_block_mask: how flex attention's block masks are built: eager, compiled, or auto (eager under several
-    processes)."""
+def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=()) -> tuple[SFTTrainer, dict]:
+    """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs."""
     args, levers = sft_args(params.train.sft.dump(), output_dir, params.train.checkpoint_steps)
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     model = load_model(base, params.model, params.quantization, device_map=training_device_map())
@@ -129,10 +132,7 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=(),
             # DDP's graph splitter (DDPOptimizer) gets in the way of compiling flex attention (pytorch #137481). The
             # compiled attention holds no parameters, so there are no gradient buckets to split it by.
             torch._dynamo.config.optimize_ddp = False
-        # One process: compiled masks, as fast as eager ones for both recipes (docs/performance.md). Several: eager,
-        # where compiled ones stalled.
-        block_mask = flex_block_mask if flex_block_mask != "auto" else (
-            "eager" if trainer.accelerator.num_processes > 1 else "compiled")
+        block_mask = block_masks_built(params.train.flex_block_mask, trainer.accelerator.num_processes)
         if block_mask == "eager":
             build_block_masks_eagerly()
     compiled = compile_decoder_layers(trainer.model, params.train.compile_layers)

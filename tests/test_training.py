@@ -7,7 +7,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, masking_utils
 
 from lora_pipeline.modeling import apply_liger
-from lora_pipeline.training import build_block_masks_eagerly, compile_decoder_layers
+from lora_pipeline.training import block_masks_built, build_block_masks_eagerly, compile_decoder_layers
 
 
 def test_eager_block_masks_keep_packed_rows_apart():
@@ -125,6 +125,12 @@ def test_compiled_layers_stay_eager_on_the_cpu_and_compiled_ones_learn_the_same(
     assert 0 < counters["stats"]["unique_graphs"] <= 8  # forward and backward for a shape or two, not per layer
     for key, weight in adapters["eager"].items():
         torch.testing.assert_close(adapters["compiled"][key], weight, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("setting, processes, built", [("auto", 1, "compiled"), ("auto", 8, "eager"),
+                                                       ("eager", 1, "eager"), ("compiled", 2, "compiled")])
+def test_block_masks_built_as_set_or_by_process_count(setting, processes, built):
+    assert block_masks_built(setting, processes) == built
 
 
 def test_a_model_without_repeated_layers_is_refused_by_key():
