@@ -42,6 +42,16 @@ def test_the_seed_recipes_change_only_training_speed_settings():
         assert changed and all(key.startswith(("model.dtype", "model.attn", "model.experts", "train.")) for key in changed)
 
 
+def test_the_seed_recipes_turn_the_speed_levers_back_to_the_defaults():
+    """Levers the fast recipes add (compiled layers, padded packed rows, how block masks are built) stay at
+    params.yaml's values in the seeds' exact settings."""
+    default = flat_keys(yaml.safe_load((ROOT / "params.yaml").read_text()))
+    for arch in ("qwen2-0.5b", "gpt-oss-20b"):
+        seed = flat_keys(compose(f"seed/{arch}"))
+        for key in ("train.compile_layers", "train.flex_block_mask", "train.sft.pad_to_multiple_of"):
+            assert seed.get(key) == default.get(key), (arch, key, seed.get(key))
+
+
 @pytest.fixture
 def recipes_root(tmp_path):
     (tmp_path / "recipes").mkdir()
