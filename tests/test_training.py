@@ -127,6 +127,23 @@ def test_compiled_layers_stay_eager_on_the_cpu_and_compiled_ones_learn_the_same(
         torch.testing.assert_close(adapters["compiled"][key], weight, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.e2e  # two training processes under torch.distributed.run
+def test_compiled_layers_under_ddp_learn_what_eager_layers_learn(tmp_path):
+    """The recipes' 8-GPU path, on 2 CPU processes (gloo): DDP over compiled decoder layers trains the adapter DDP
+    over eager layers trains."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("ddp_compiled_layers_worker.py")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(worker), str(tmp_path)], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "same").read_text() == "56"  # 7 projections x 4 layers x (A, B), each compared
+
+
 @pytest.mark.parametrize("setting, processes, built", [("auto", 1, "compiled"), ("auto", 8, "eager"),
                                                        ("eager", 1, "eager"), ("compiled", 2, "compiled")])
 def test_block_masks_built_as_set_or_by_process_count(setting, processes, built):
