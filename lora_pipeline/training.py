@@ -69,6 +69,12 @@ def block_masks_built(setting: str, processes: int) -> str:
     return setting if setting != "auto" else ("eager" if processes > 1 else "compiled")
 
 
+def layers_compile(mode: str, device_type: str) -> bool:
+    """Whether train.compile_layers compiles the decoder layers on this device: on a GPU only (on a CPU compiling
+    costs more than it saves)."""
+    return mode != "none" and device_type == "cuda"
+
+
 def compile_decoder_layers(model, mode: str, device_type: str | None = None, backend: str = "inductor") -> dict:
     """Each decoder layer (the model's repeated block, LoRA included) compiled in place by torch.compile with `mode`
     ("default" or another torch.compile mode), so Inductor fuses LoRA's dropout, scaling and add, the norms, SwiGLU
@@ -76,10 +82,9 @@ def compile_decoder_layers(model, mode: str, device_type: str | None = None, bac
     packed length compiles a static graph, a second one a graph over a symbolic length that serves every later one.
     On a CPU (device_type, default: where the model is) the layers stay eager: compiling costs more than it saves
     there. Returns what ran, to be recorded."""
-    device_type = device_type or next(model.parameters()).device.type
     if mode == "none":
         return {"mode": "none"}
-    if device_type != "cuda":
+    if not layers_compile(mode, device_type or next(model.parameters()).device.type):
         return {"mode": "none", "requested": mode, "reason": "compiled layers need a GPU; eager on the CPU"}
     blocks = set(getattr(model.get_base_model() if hasattr(model, "get_base_model") else model,
                          "_no_split_modules", None) or [])
@@ -109,7 +114,7 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=args.gradient_checkpointing,
                                                 gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
-    compiling = params.train.compile_layers != "none" and torch.cuda.is_available()
+    compiling = layers_compile(params.train.compile_layers, next(model.parameters()).device.type)
     liger = apply_liger(model, params.train.liger, declined="train.compile_layers: Inductor fuses the compiled layers' "
                         "norms, SwiGLU and RoPE itself, and Liger's Triton kernels do not compile under it"
                         if compiling else None)
