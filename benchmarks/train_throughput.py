@@ -17,12 +17,15 @@ global batch of 16 on one GPU, the experts' glue as the train stage runs it (com
         [--experts-glue eager]
 """
 import argparse
+import collections
 import faulthandler
 import json
 import os
 import math
 import random
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun: one GPU, as Trainer would otherwise
@@ -140,6 +143,10 @@ def main():
     parser.add_argument("--experts-glue", choices=["auto", "eager", "compiled"], default="auto",
                         help="model.experts_implementation grouped_mm_mxfp4 only: the elementwise work between the "
                         "experts' grouped GEMMs as torch ops (eager) or compiled by Inductor")
+    parser.add_argument("--sync-each-step", action="store_true", help="wait for the GPU at every step's end, as the "
+                        "seed baseline does (default: at the two timing marks only, as the train stage runs)")
+    parser.add_argument("--sync-debug", action="store_true", help="after the timed (and profiled) steps, run one "
+                        "more step under torch.cuda.set_sync_debug_mode and print where the host waited for the GPU")
     parser.add_argument("--stacks-every", type=int, metavar="S", help="print every thread's Python stack every S "
                         "seconds (to find where a slow or stuck run spends its time)")
     args = parser.parse_args()
@@ -155,7 +162,8 @@ def main():
     warm = WARM_STEPS[args.arch]
     raw["train"]["checkpoint_steps"] = 0
     profiled = 3 if args.profile else 0
-    raw["train"]["sft"] |= {"max_steps": warm + args.steps + profiled, "logging_steps": 1, "num_train_epochs": 1}
+    sync_step = warm + args.steps + profiled  # the step after it runs under the sync debug mode
+    raw["train"]["sft"] |= {"max_steps": sync_step + int(args.sync_debug), "logging_steps": 1, "num_train_epochs": 1}
     params = for_stage(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark",
                          ["model", "quantization", "train", "lora"])
     checkpoint = Path(args.checkpoint)
@@ -178,18 +186,22 @@ def main():
             torch.cuda.reset_peak_memory_stats()  # peak_gib: training alone
 
         def on_step_end(self, a, s, control, **kwargs):
-            torch.cuda.synchronize()
+            marked = s.global_step in (warm, warm + args.steps)
+            if marked or args.sync_each_step:  # else the host runs ahead of the GPU, as in the train stage
+                torch.cuda.synchronize()
             now = time.perf_counter()
-            if state.is_main_process:  # progress: compile time shows up as slow first steps
+            if state.is_main_process:  # progress (as the host sees it): compile time shows up as slow first steps
                 print(f"# step {s.global_step}: {now - last[0]:.1f}s, {torch.cuda.memory_allocated() / 2**30:.1f} GiB "
                       f"allocated, peak {torch.cuda.max_memory_allocated() / 2**30:.1f}", flush=True)
             last[0] = now
-            if s.global_step in (warm, warm + args.steps):
-                marks[s.global_step] = (time.perf_counter(), tokens[0])
+            if marked:
+                marks[s.global_step] = (time.perf_counter(), int(tokens[0]))
             if profiled and s.global_step == warm + args.steps:
                 profiler.start()
             if profiled and s.global_step == warm + args.steps + profiled:
                 profiler.stop()
+            if args.sync_debug and s.global_step == sync_step:
+                torch.cuda.set_sync_debug_mode("warn")
 
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                   torch.profiler.ProfilerActivity.CUDA]) if profiled else None
@@ -198,19 +210,33 @@ def main():
     start = time.perf_counter()
     trainer, implementations = build_trainer(params, checkpoint, Dataset.from_list(rows), Path("/tmp/bench-out"),
                                              callbacks=[Clock()])
-    inner = trainer.data_collator
     print(f"# rank {state.process_index}: model loaded and trainer built in {time.perf_counter() - start:.0f}s",
           flush=True)
     last[0] = time.perf_counter()
+    tokens[0] = torch.zeros((), dtype=torch.int64, device="cuda")
 
-    def counting(features):
-        batch = inner(features)
-        tokens[0] += int((batch["labels"] != -100).sum())
-        return batch
+    def count_trained_tokens(module, args_, kwargs):  # what the model is given to learn, summed on the GPU
+        tokens[0] += (kwargs["labels"] != -100).sum()
 
-    trainer.data_collator = counting
+    trainer.model.register_forward_pre_hook(count_trained_tokens, with_kwargs=True)
+    syncs = collections.Counter()
+
+    def note_sync(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):  # where in Python the host waited: the innermost frames outside torch
+            frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename][-3:]
+            syncs[" < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))] += 1
+        else:
+            show_warning(message, category, filename, lineno, file, line)
+
+    show_warning, warnings.showwarning = warnings.showwarning, note_sync
+    warnings.simplefilter("always", UserWarning)
     with forced_path(glue=None if args.experts_glue == "auto" else args.experts_glue):
         trainer.train()
+    torch.cuda.set_sync_debug_mode(0)
+    if args.sync_debug and state.is_main_process:
+        print(f"# host waits for the GPU in one step: {sum(syncs.values())}", flush=True)
+        for where, n in syncs.most_common():
+            print(f"#   {n} x {where}", flush=True)
     if profiled and state.is_main_process:
         events = profiler.key_averages()
         tables = [f"sorted by {key}:\n" + events.table(sort_by=key, row_limit=30, max_name_column_width=70)
@@ -239,7 +265,7 @@ def main():
                "implementations": implementations, "mxfp4_paths": paths_run(trainer.model), "overrides": args.set,
                "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-               "commit": args.commit}
+               "synchronized": "each step" if args.sync_each_step else "at the marks", "commit": args.commit}
         if args.seed_result and Path(args.seed_result).is_file():
             seeds = [json.loads(line) for line in Path(args.seed_result).read_text().splitlines() if line.strip()]
             same_arch = [r for r in seeds if r["recipe"] == args.arch]  # none when the seed ran another arch

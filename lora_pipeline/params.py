@@ -202,6 +202,7 @@ class Train(_Section):
     liger: bool
     compile_layers: Literal["none", "default", "max-autotune-no-cudagraphs", "reduce-overhead"]
     flex_block_mask: Literal["auto", "eager", "compiled"]
+    host_syncs: Literal["each_step", "at_logging"]
     checkpoint_steps: int = Field(ge=0)
     sft: Sft
 

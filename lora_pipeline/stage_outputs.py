@@ -19,7 +19,6 @@ def train_sft_args(output_dir: Path, checkpoint_steps: int, on_gpu: bool) -> dic
         "save_total_limit": 2,  # the newest complete checkpoint survives a kill while the next one is written
         "report_to": "none",  # rank 0's LiveMetrics sends the per-step figures to MLflow (see lora_pipeline.tracking)
         "include_num_input_tokens_seen": "non_padding",
-        "dataloader_num_workers": 0,
     }
 
 

@@ -97,6 +97,107 @@ def compile_decoder_layers(model, mode: str, device_type: str | None = None, bac
     return {"mode": mode, "backend": backend, "layers": len(layers), "layer_class": type(layers[0]).__name__}
 
 
+def _read_tensors(values: list) -> list:
+    """A metric's values with the GPU tensors among them read as floats, in one transfer."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return values
+    read = iter(torch.stack(tensors).tolist())
+    return [next(read) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+class SyncFreeSFTTrainer(SFTTrainer):
+    """SFTTrainer whose steps never wait for the GPU (train.host_syncs: at_logging). TRL's entropy, token accuracy
+    and token count and the Trainer's count of input tokens stay GPU tensors until a step is logged or a checkpoint
+    saved; the Trainer's stand-in for a nan or inf loss (the mean of the losses since the last log) is chosen on the
+    GPU. The figures logged are those TRL and the Trainer log, read later. The loss is TRL's plain one; whatever
+    else TRL's compute_loss handles (a compute_loss_func, label smoothing, an aux loss, sequence or tensor
+    parallelism, evaluation) runs TRL's own code."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._nan_filter_on_gpu, self.args.logging_nan_inf_filter = self.args.logging_nan_inf_filter, False
+        self._pending_tokens = None  # [TRL's num_tokens, the Trainer's num_input_tokens_seen] since last read
+
+    def _plain_loss(self, return_outputs: bool) -> bool:
+        config = getattr(self.accelerator, "parallelism_config", None)
+        return (self.model.training and not return_outputs and self.compute_loss_func is None
+                and self.label_smoother is None and not self.aux_loss_enabled and self._tp_size == 1
+                and not (config is not None and config.sp_enabled))
+
+    def _count(self, which: int, tokens) -> None:
+        """Add to TRL's token count (0) or the Trainer's (1), on the GPU."""
+        if self._pending_tokens is None:
+            self._pending_tokens = torch.zeros(2, dtype=torch.int64, device=self.args.device)
+        self._pending_tokens[which] += tokens
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not self._plain_loss(return_outputs):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        inputs["use_cache"] = False
+        outputs = model(**inputs, fused_lm_head=True)  # as TRL: its tiled LM head, log-probs of the labels only
+        per_token_loss = -outputs.log_probs
+        if self.args.loss_type == "dft":
+            per_token_loss = per_token_loss * outputs.log_probs.exp().detach()
+        num_tokens = outputs.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
+        loss = per_token_loss.sum() / torch.as_tensor(num_tokens).clamp(min=1)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * self.accelerator.num_processes
+        with torch.no_grad():
+            gather = self.accelerator.gather_for_metrics
+            valid = gather(outputs.label_mask.sum()).sum()
+            for key, total in (("entropy", outputs.entropy.detach().sum()), ("mean_token_accuracy",
+                                                                             outputs.is_top1.sum())):
+                mean = gather(total).sum() / valid.clamp(min=1)
+                self._metrics["train"][key].append(torch.where(valid > 0, mean, 0.0))
+            # TRL's num_tokens: the attention mask's ones, or the packed length (padding-free)
+            self._count(0, inputs["attention_mask"].sum() if "attention_mask" in inputs
+                        else inputs["position_ids"].size(1))
+        return loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._nan_filter_on_gpu:
+            since_log = 1 + self.state.global_step - self._globalstep_last_logged
+            loss = torch.where(torch.isfinite(loss), loss, self._tr_loss / since_log)
+        return loss
+
+    def _track_num_input_tokens(self, inputs):
+        counted = self.args.include_num_input_tokens_seen
+        pad = getattr(self.processing_class, "pad_token_id", None)
+        if counted == "no" or "input_ids" not in inputs:
+            return super()._track_num_input_tokens(inputs)
+        ids = inputs["input_ids"]
+        if counted == "non_padding" and "attention_mask" in inputs:
+            self._count(1, inputs["attention_mask"].sum())
+        elif counted == "non_padding" and pad is not None:
+            self._count(1, (ids != pad).sum())
+        else:
+            self._count(1, ids.numel())
+
+    def _read_pending(self) -> None:
+        """The figures kept on the GPU, read: one transfer (and, over several processes, one reduction)."""
+        metrics = self._metrics["train"]
+        for key in ("entropy", "mean_token_accuracy"):
+            if metrics.get(key):
+                metrics[key] = _read_tensors(metrics[key])
+        if self._pending_tokens is not None:
+            trained, seen = self.accelerator.reduce(self._pending_tokens, reduction="sum").tolist()
+            self._pending_tokens.zero_()
+            self._total_train_tokens += trained
+            if trained or "num_tokens" in metrics:
+                metrics["num_tokens"] = [self._total_train_tokens]
+            self.state.num_input_tokens_seen += seen
+
+    def log(self, logs, start_time=None):
+        self._read_pending()
+        super().log(logs, start_time)
+
+    def _save_checkpoint(self, model, trial):
+        self._read_pending()  # the token counts go into trainer_state.json
+        super()._save_checkpoint(model, trial)
+
+
 def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=()) -> tuple[SFTTrainer, dict]:
     """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs."""
     args, levers = sft_args(params.train.sft.dump(), output_dir, params.train.checkpoint_steps)
@@ -118,8 +219,12 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
     liger = apply_liger(model, params.train.liger, declined="train.compile_layers: Inductor fuses the compiled layers' "
                         "norms, SwiGLU and RoPE itself, and Liger's Triton kernels do not compile under it"
                         if compiling else None)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
-                         peft_config=lora_config(params.lora), callbacks=list(callbacks))
+    sync_free = params.train.host_syncs == "at_logging"
+    if sync_free:  # the batch copied to the GPU without waiting (the data loader pins its memory)
+        args.accelerator_config.non_blocking = True
+    trainer = (SyncFreeSFTTrainer if sync_free else SFTTrainer)(
+        model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
+        peft_config=lora_config(params.lora), callbacks=list(callbacks))
     if levers["padding_free"] and not args.padding_free:
         trainer.data_collator.padding_free = trainer.padding_free = True
     if args.bf16 or args.fp16:
@@ -149,6 +254,9 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
         record["packed_experts"] = {**packed, "ddp_broadcast_buffers": args.ddp_broadcast_buffers}
     if params.train.compile_layers != "none":  # likewise
         record["compiled_layers"] = compiled
+    if sync_free:  # likewise
+        record["host_syncs"] = {"setting": "at_logging", "non_blocking_copies": args.dataloader_pin_memory,
+                                "trainer": type(trainer).__name__}
     log.warning("training with %s", record)
     return trainer, record
 
@@ -214,17 +322,28 @@ class StopOnSignal(TrainerCallback):
         # stage's launcher, whose training could then no longer be recorded and would hold the run's lock.
         self.launcher = os.getppid()
         self.ancestors = dvc_ancestors()
+        self.group = None
 
     def _note(self, signum, frame):
         self.received = signum
 
+    def _any_process(self, stop: bool) -> bool:
+        """Whether any process stops, agreed over a CPU (gloo) group: asking over the GPUs' group would make every
+        step wait for the GPU."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return stop
+        if self.group is None:  # every process reaches its first step end, and creates the group there together
+            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        flag = torch.tensor(float(stop))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag)
+
     def on_step_end(self, args, state, control, **kwargs):
         if self.received is None and (os.getppid() != self.launcher or not all(map(_alive, self.ancestors))):
             self.received = signal.SIGTERM
-        stop = torch.tensor(float(self.received is not None), device=args.device)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
-        if stop.item():
+        if self._any_process(self.received is not None):
             self.received = self.received or signal.SIGTERM
             control.should_save = control.should_training_stop = True
         return control

@@ -43,12 +43,13 @@ def test_the_seed_recipes_change_only_training_speed_settings():
 
 
 def test_the_seed_recipes_turn_the_speed_levers_back_to_the_defaults():
-    """Levers the fast recipes add (compiled layers, padded packed rows, how block masks are built) stay at
-    params.yaml's values in the seeds' exact settings."""
+    """Levers the fast recipes add (compiled layers, padded packed rows, how block masks are built, host syncs)
+    stay at params.yaml's values in the seeds' exact settings."""
     default = flat_keys(yaml.safe_load((ROOT / "params.yaml").read_text()))
     for arch in ("qwen2-0.5b", "gpt-oss-20b"):
         seed = flat_keys(compose(f"seed/{arch}"))
-        for key in ("train.compile_layers", "train.flex_block_mask", "train.sft.pad_to_multiple_of"):
+        for key in ("train.compile_layers", "train.flex_block_mask", "train.sft.pad_to_multiple_of",
+                    "train.host_syncs"):
             assert seed.get(key) == default.get(key), (arch, key, seed.get(key))
 
 

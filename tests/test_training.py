@@ -181,3 +181,76 @@ def test_fsdp2_sharded_adapter_is_gathered_whole_and_reloads(tmp_path):
     assert result["tensors"] == result["reference_tensors"] and result["max_tensor_diff"] == 0.0, result
     assert result["max_logit_diff"] < 1e-6, result
 
+
+
+def _device_reads(trainer, step: int) -> list[str]:
+    """The places in TRL's, the Trainer's and this project's training code that read a tensor's value to the host
+    (`.item()`, `bool()`, `.tolist()`: on a GPU, each waits for it) during optimizer step `step`."""
+    import traceback
+    from pathlib import Path
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import TrainerCallback
+
+    reads = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default or func is torch.ops.aten.nonzero.default:
+                frame = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename][-1]
+                if Path(frame.filename).name in ("trainer.py", "sft_trainer.py", "training.py"):
+                    reads.append(f"{Path(frame.filename).name}:{frame.lineno}")
+            return func(*args, **(kwargs or {}))
+
+    mode = Reads()
+
+    class During(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == step - 1:
+                mode.__enter__()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                mode.__exit__(None, None, None)
+
+    trainer.add_callback(During())
+    return reads
+
+
+def test_host_syncs_at_logging_read_nothing_between_logs_and_log_what_trl_logs(tmp_path):
+    """train.host_syncs: at_logging. A step that is not logged reads no value from the device in TRL's, the
+    Trainer's or the project's code (TRL's own way reads several: the check can fail), and the logs are TRL's and
+    the Trainer's own: loss, entropy, token accuracy, token counts and grad norm, equal, also when one micro-step's
+    loss is nan (the Trainer then logs the mean of the others in its place). The adapters are equal."""
+    import math
+
+    results = {}
+    for setting in ("each_step", "at_logging"):
+        trainer, record = _tiny_trainer(tmp_path, setting, [
+            "train.sft.padding_free=true", "train.sft.max_steps=4", "train.sft.logging_steps=2",
+            "train.sft.gradient_accumulation_steps=2", "train.sft.per_device_train_batch_size=4",
+            f"train.host_syncs={setting}"])
+        assert (record.get("host_syncs", {}).get("trainer") == "SyncFreeSFTTrainer") == (setting == "at_logging")
+        reads = _device_reads(trainer, step=3)
+        compute_loss, calls = trainer.compute_loss, []
+
+        def nan_once(*args, **kwargs):  # micro-step 3's loss is nan; its gradient is not
+            calls.append(1)
+            loss = compute_loss(*args, **kwargs)
+            return loss + torch.tensor(math.nan) if len(calls) == 3 else loss
+
+        trainer.compute_loss = nan_once
+        trainer.train()
+        assert len(calls) == 8
+        logs = [{k: v for k, v in entry.items() if k not in ("train_runtime", "train_samples_per_second",
+                                                              "train_steps_per_second", "train_tokens_per_second")}
+                for entry in trainer.state.log_history]
+        adapter = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if v.requires_grad}
+        results[setting] = logs, reads, adapter, trainer.state.num_input_tokens_seen
+    each, free = results["each_step"], results["at_logging"]
+    assert each[1] and not free[1], (each[1], free[1])
+    assert len(each[0]) == 3 and all(math.isfinite(entry.get("loss", 0.0)) for entry in each[0])
+    assert free[0] == each[0]
+    assert free[3] == each[3] > 0
+    for key, weight in each[2].items():
+        torch.testing.assert_close(free[2][key], weight, rtol=0, atol=0)
