@@ -143,6 +143,8 @@ def main():
     parser.add_argument("--experts-glue", choices=["auto", "eager", "compiled"], default="auto",
                         help="model.experts_implementation grouped_mm_mxfp4 only: the elementwise work between the "
                         "experts' grouped GEMMs as torch ops (eager) or compiled by Inductor")
+    parser.add_argument("--logging-steps", type=int, help="log (and read the loss) every N steps (default: the "
+                        "recipe's train.sft.logging_steps; with --workload builtin, 1)")
     parser.add_argument("--sync-each-step", action="store_true", help="wait for the GPU at every step's end, as the "
                         "seed baseline does (default: at the two timing marks only, as the train stage runs)")
     parser.add_argument("--sync-debug", action="store_true", help="after the timed (and profiled) steps, run one "
@@ -163,7 +165,9 @@ def main():
     raw["train"]["checkpoint_steps"] = 0
     profiled = 3 if args.profile else 0
     sync_step = warm + args.steps + profiled  # the step after it runs under the sync debug mode
-    raw["train"]["sft"] |= {"max_steps": sync_step + int(args.sync_debug), "logging_steps": 1, "num_train_epochs": 1}
+    raw["train"]["sft"] |= {"max_steps": sync_step + int(args.sync_debug), "num_train_epochs": 1}
+    if args.logging_steps or args.workload == "builtin":  # the built-in workload is for loss curves: every step
+        raw["train"]["sft"]["logging_steps"] = args.logging_steps or 1
     params = for_stage(validate(raw, source=f"recipes/{args.recipe}.yaml"), "benchmark",
                          ["model", "quantization", "train", "lora"])
     checkpoint = Path(args.checkpoint)
@@ -261,7 +265,7 @@ def main():
                "mfu": round(flops_per_gpu / PEAK_FLOPS, 3), "active_params": n_active,
                "global_batch": sft.per_device_train_batch_size * sft.gradient_accumulation_steps * state.num_processes,
                "micro_batch": sft.per_device_train_batch_size, "grad_accum": sft.gradient_accumulation_steps,
-               "max_length": raw["train"]["sft"]["max_length"], "dtype": raw["model"]["dtype"],
+               "max_length": raw["train"]["sft"]["max_length"], "logging_steps": sft.logging_steps, "dtype": raw["model"]["dtype"],
                "implementations": implementations, "mxfp4_paths": paths_run(trainer.model), "overrides": args.set,
                "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
