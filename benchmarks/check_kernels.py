@@ -10,6 +10,8 @@ Checks, each as max |logit diff| and |loss diff| against a float32 eager referen
   - compiled_layers: Qwen2 with LoRA (bf16, flex attention, padding-free rows with a padded tail), each decoder
     layer compiled by Inductor (lora_pipeline.training.compile_decoder_layers) vs eager: logits, loss and the LoRA
     gradients against float32 eager, for two packed lengths (the second compiles a graph over a symbolic length);
+  - varlen_attention: the same Qwen2 LoRA rows under torch_varlen (torch's FlashAttention kernel for
+    variable-length sequences, lora_pipeline.varlen_attention), layers eager and compiled, vs eager flex attention;
   - generation: the implementations evaluate decodes with (lora_pipeline.generation.use_for_generation, from a model
     loaded as the recipes train it), greedy with a KV cache after left-padded prompts; each step's logits against
     a float32 forward over the same tokens with eager attention and the eager experts loop;
@@ -148,41 +150,57 @@ def check_padding_free(rows):
                      "tolerance": 1e-4, "pass": bool(abs(flat_loss - padded_loss).item() <= 1e-4)})
 
 
-def check_compiled_layers(rows):
+def packed_qwen2_lora(rows, label: str, candidates: dict) -> None:
+    """Qwen2 with LoRA over padding-free rows with a padded tail, as the train stage batches them (TRL's collator:
+    position_ids and the sequence bounds): float32 flex attention (the reference) and bf16 flex attention (stock)
+    against each candidate, `name: (attention, torch.compile mode of the decoder layers)`, in bf16: logits, loss
+    and the LoRA gradients, for two packed lengths (compiled layers then build a graph over a symbolic length)."""
     from peft import LoraConfig, get_peft_model
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     from lora_pipeline.training import compile_decoder_layers
+    from lora_pipeline.varlen_attention import register
 
+    register()
     torch.manual_seed(0)
-    base = set_impl(small_qwen2(), "flex_attention")
+    base = small_qwen2()
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     models = {}
-    for name, dtype, mode in (("fp32", torch.float32, "none"), ("stock", torch.bfloat16, "none"),
-                              ("compiled", torch.bfloat16, "default")):
+    for name, dtype, (attention, mode) in (("fp32", torch.float32, ("flex_attention", "none")),
+                                           ("stock", torch.bfloat16, ("flex_attention", "none")),
+                                           *((name, torch.bfloat16, how) for name, how in candidates.items())):
         torch.manual_seed(1)
-        models[name] = get_peft_model(copy.deepcopy(base).to("cuda", dtype), LoraConfig(
+        models[name] = get_peft_model(set_impl(copy.deepcopy(base), attention).to("cuda", dtype), LoraConfig(
             r=8, lora_alpha=32, target_modules=targets, lora_dropout=0.0, init_lora_weights=False))
         compile_decoder_layers(models[name], mode)
+    collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=256)
     for lengths in ([700, 300, 981], [512, 1200, 77, 640]):  # packed lengths 2048 and 2496 with their tails
-        seqs = [torch.randint(3, 8192, (n,), device="cuda") for n in lengths]
-        tail = -sum(lengths) % 256  # train.sft.pad_to_multiple_of 256: pad tokens, each at position 0
-        ids = torch.cat([*seqs, torch.zeros(tail, dtype=torch.long, device="cuda")])[None]
-        positions = torch.cat([*(torch.arange(n, device="cuda") for n in lengths),
-                               torch.zeros(tail, dtype=torch.long, device="cuda")])[None]
-        labels = ids.masked_fill(positions == 0, -100)
+        batch = collate([{"input_ids": torch.randint(3, 8192, (n,)).tolist()} for n in lengths])
+        batch = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         results = {}
         for name, model in models.items():
             model.zero_grad()
-            out = model(input_ids=ids, position_ids=positions, labels=labels)
+            out = model(**batch)
             out.loss.backward()
             grads = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.requires_grad])
             results[name] = (out.logits.float().detach(), out.loss.float().detach(), grads)
-        row = compare(f"qwen2 LoRA: compiled decoder layers vs eager (bf16, flex, packed {ids.shape[1]})",
-                      results["fp32"][:2], results["stock"][:2], results["compiled"][:2])
         rel = lambda g: ((g - results["fp32"][2]).norm() / results["fp32"][2].norm()).item()  # noqa: E731
-        row |= {"stock_lora_grad_rel": rel(results["stock"][2]), "swap_lora_grad_rel": rel(results["compiled"][2])}
-        row["pass"] = bool(row["pass"] and row["swap_lora_grad_rel"] <= 2 * row["stock_lora_grad_rel"] + 1e-2)
-        rows.append(row)
+        for name, (attention, mode) in candidates.items():
+            row = compare(f"qwen2 LoRA: {label} {name} ({attention}, layers compiled: {mode}) vs eager flex "
+                          f"(bf16, packed {batch['input_ids'].shape[1]})",
+                          results["fp32"][:2], results["stock"][:2], results[name][:2])
+            row |= {"stock_lora_grad_rel": rel(results["stock"][2]), "swap_lora_grad_rel": rel(results[name][2])}
+            row["pass"] = bool(row["pass"] and row["swap_lora_grad_rel"] <= 2 * row["stock_lora_grad_rel"] + 1e-2)
+            rows.append(row)
+
+
+def check_compiled_layers(rows):
+    packed_qwen2_lora(rows, "compiled decoder layers", {"compiled": ("flex_attention", "default")})
+
+
+def check_varlen_attention(rows):
+    packed_qwen2_lora(rows, "torch's varlen FlashAttention", {"varlen": ("torch_varlen", "none"),
+                                                              "varlen-compiled": ("torch_varlen", "default")})
 
 
 def generated_logits(model, ids, mask, new_tokens):
@@ -407,7 +425,8 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
 
 
 CHECKS = {"compiled_layers": check_compiled_layers, "generation": check_generation, "gpt-oss": check_gpt_oss,
-          "liger": check_liger, "mxfp4_experts": check_mxfp4_experts, "padding-free": check_padding_free}
+          "liger": check_liger, "mxfp4_experts": check_mxfp4_experts, "padding-free": check_padding_free,
+          "varlen_attention": check_varlen_attention}
 
 
 def main():

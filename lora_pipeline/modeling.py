@@ -8,6 +8,9 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from lora_pipeline.varlen_attention import NAME as VARLEN
+from lora_pipeline.varlen_attention import register as register_varlen_attention
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,11 +38,15 @@ def runnable_implementations(model_type: str, model_params) -> dict:
     """The attention and experts implementations this machine runs for a model of `model_type`, and why any
     differs from what model.attn_implementation / model.experts_implementation ask for.
 
-    Flex attention (the fast path for gpt-oss's attention sinks and for padding-free batches) and flash
-    attention need a GPU; gpt-oss has no sdpa path (its sinks), so eager stands in for it.
+    Flex attention (the fast path for gpt-oss's attention sinks and for padding-free batches), torch_varlen (torch's
+    FlashAttention over padding-free rows) and flash attention need a GPU; gpt-oss has no sdpa path (its sinks), so
+    eager stands in for it.
     """
     attention, experts, notes = model_params.attn_implementation, model_params.experts_implementation, []
-    if attention in ("flex_attention", "flash_attention_2") and not torch.cuda.is_available():
+    if attention == VARLEN and model_type == "gpt_oss":
+        notes.append(f"gpt-oss's attention sinks are not in {VARLEN}'s kernel")
+        attention = "flex_attention"
+    if attention in ("flex_attention", "flash_attention_2", VARLEN) and not torch.cuda.is_available():
         notes.append(f"{attention} needs a CUDA GPU")
         attention = "sdpa"
     if attention == "sdpa" and model_type == "gpt_oss":
@@ -55,7 +62,10 @@ def inference_attention(model_type: str, attention: str) -> tuple[str, str | Non
     """The attention implementation for short passes without gradients (decode steps, merge's check of a few
     128-token rows), and why it differs from the loaded one. Flex attention, training's, does not pay there:
     gpt-oss's does not compile for them (Inductor finds no kernel for its sinks' score function), so eager, the
-    reference, runs them; other models decode faster with sdpa (docs/evaluation.md)."""
+    reference, runs them; other models decode faster with sdpa (docs/evaluation.md). torch_varlen takes padding-free
+    rows only: sdpa runs these passes."""
+    if attention == VARLEN:
+        return "sdpa", f"{VARLEN} takes padding-free rows only: sdpa"
     if attention != "flex_attention":
         return attention, None
     if model_type == "gpt_oss":
@@ -67,7 +77,10 @@ def loss_attention(model_type: str, attention: str) -> tuple[str, str | None]:
     """The attention implementation for evaluation's held-out loss (whole padded rows, no gradients), and why it
     differs from the loaded one. gpt-oss keeps flex attention (its sinks; it compiles for these long passes); other
     models run sdpa, which compiles nothing: the rows are padded, not packed, so flex attention's block mask saves
-    nothing there, and its compile is most of the loss's time on a fresh machine (docs/evaluation.md)."""
+    nothing there, and its compile is most of the loss's time on a fresh machine (docs/evaluation.md). torch_varlen
+    takes padding-free rows only: sdpa."""
+    if attention == VARLEN:
+        return "sdpa", f"{VARLEN} takes padding-free rows only: sdpa"
     if attention != "flex_attention" or model_type == "gpt_oss":
         return attention, None
     return "sdpa", "flex attention compiles for each padded width, sdpa needs no compiling: sdpa"
@@ -147,6 +160,8 @@ def load_model(path: str | Path, model_params, quantization=None, revision: str 
     if chosen["notes"]:
         log.warning("running attention %s, experts %s: %s", chosen["attention"], chosen["experts"],
                     "; ".join(chosen["notes"]))
+    if chosen["attention"] == VARLEN:
+        register_varlen_attention()
     load_kwargs = dict(dtype=DTYPES[model_params.dtype], attn_implementation=chosen["attention"],
                        trust_remote_code=model_params.trust_remote_code, use_safetensors=True)
     load_kwargs["quantization_config"] = quantization_config(quantization, model_params.dtype)

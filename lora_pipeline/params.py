@@ -115,7 +115,7 @@ class Model(_Section):
     name: str
     revision: str
     dtype: Literal["float32", "bfloat16", "float16"]
-    attn_implementation: Literal["eager", "sdpa", "flex_attention", "flash_attention_2"]
+    attn_implementation: Literal["eager", "sdpa", "flex_attention", "flash_attention_2", "torch_varlen"]
     experts_implementation: Literal["eager", "grouped_mm", "batched_mm", "grouped_mm_mxfp4"]
     trust_remote_code: bool
     tiny: TinyModel
@@ -169,6 +169,7 @@ class Sft(_Section):
     ddp_find_unused_parameters: bool
     train_sampling_strategy: Literal["random", "sequential", "group_by_length", "batch_rebalance"]
     logging_steps: int = Field(ge=1)
+    dataloader_num_workers: int = Field(ge=0)
     seed: int
 
     @field_validator("gradient_checkpointing_kwargs")

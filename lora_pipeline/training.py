@@ -110,9 +110,9 @@ class SyncFreeSFTTrainer(SFTTrainer):
     """SFTTrainer whose steps never wait for the GPU (train.host_syncs: at_logging). TRL's entropy, token accuracy
     and token count and the Trainer's count of input tokens stay GPU tensors until a step is logged or a checkpoint
     saved; the Trainer's stand-in for a nan or inf loss (the mean of the losses since the last log) is chosen on the
-    GPU. The figures logged are those TRL and the Trainer log, read later. The loss is TRL's plain one; whatever
-    else TRL's compute_loss handles (a compute_loss_func, label smoothing, an aux loss, sequence or tensor
-    parallelism, evaluation) runs TRL's own code."""
+    GPU. The figures logged are those TRL and the Trainer log, read later. The loss is TRL's (with an MoE's router
+    aux loss, as TRL adds it); whatever else TRL's compute_loss handles (a compute_loss_func, label smoothing,
+    sequence or tensor parallelism, evaluation) runs TRL's own code."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -122,8 +122,7 @@ class SyncFreeSFTTrainer(SFTTrainer):
     def _plain_loss(self, return_outputs: bool) -> bool:
         config = getattr(self.accelerator, "parallelism_config", None)
         return (self.model.training and not return_outputs and self.compute_loss_func is None
-                and self.label_smoother is None and not self.aux_loss_enabled and self._tp_size == 1
-                and not (config is not None and config.sp_enabled))
+                and self.label_smoother is None and self._tp_size == 1 and not (config is not None and config.sp_enabled))
 
     def _count(self, which: int, tokens) -> None:
         """Add to TRL's token count (0) or the Trainer's (1), on the GPU."""
@@ -135,6 +134,8 @@ class SyncFreeSFTTrainer(SFTTrainer):
         if not self._plain_loss(return_outputs):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inputs["use_cache"] = False
+        if self.aux_loss_enabled:  # MoE (gpt-oss): the router's load-balancing loss, as TRL adds it
+            inputs["output_router_logits"] = True
         outputs = model(**inputs, fused_lm_head=True)  # as TRL: its tiled LM head, log-probs of the labels only
         per_token_loss = -outputs.log_probs
         if self.args.loss_type == "dft":
@@ -143,6 +144,9 @@ class SyncFreeSFTTrainer(SFTTrainer):
         loss = per_token_loss.sum() / torch.as_tensor(num_tokens).clamp(min=1)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes
+        if self.aux_loss_enabled:
+            steps = self.current_gradient_accumulation_steps if num_items_in_batch is not None else 1
+            loss = loss + self.router_aux_loss_coef * outputs.aux_loss / steps
         with torch.no_grad():
             gather = self.accelerator.gather_for_metrics
             valid = gather(outputs.label_mask.sum()).sum()
@@ -150,6 +154,8 @@ class SyncFreeSFTTrainer(SFTTrainer):
                                                                              outputs.is_top1.sum())):
                 mean = gather(total).sum() / valid.clamp(min=1)
                 self._metrics["train"][key].append(torch.where(valid > 0, mean, 0.0))
+            if self.aux_loss_enabled:
+                self._metrics["train"]["aux_loss"].append(gather(outputs.aux_loss.detach()).mean())
             # TRL's num_tokens: the attention mask's ones, or the packed length (padding-free)
             self._count(0, inputs["attention_mask"].sum() if "attention_mask" in inputs
                         else inputs["position_ids"].size(1))
@@ -178,7 +184,7 @@ class SyncFreeSFTTrainer(SFTTrainer):
     def _read_pending(self) -> None:
         """The figures kept on the GPU, read: one transfer (and, over several processes, one reduction)."""
         metrics = self._metrics["train"]
-        for key in ("entropy", "mean_token_accuracy"):
+        for key in ("entropy", "mean_token_accuracy", "aux_loss"):
             if metrics.get(key):
                 metrics[key] = _read_tensors(metrics[key])
         if self._pending_tokens is not None:

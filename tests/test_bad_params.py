@@ -48,6 +48,7 @@ BAD = [
     case({"train.compile_layers": "max-autotune"}, "train.compile_layers", "'max-autotune'"),
     case({"train.flex_block_mask": "sometimes"}, "train.flex_block_mask", "'sometimes'"),
     case({"train.host_syncs": "never"}, "train.host_syncs", "'never'"),
+    case({"train.sft.dataloader_num_workers": -1}, "train.sft.dataloader_num_workers", "(got -1)"),
     case({"register.log_mode": "weights"}, "register.log_mode", "'weights'"),
     case({"split.test_size": 0}, "split.test_size", "(got 0)"),
     case({"split.test_size": 2.5}, "split.test_size", "allowed: a fraction below 1 or a whole row count (got 2.5)"),

@@ -49,7 +49,7 @@ def test_the_seed_recipes_turn_the_speed_levers_back_to_the_defaults():
     for arch in ("qwen2-0.5b", "gpt-oss-20b"):
         seed = flat_keys(compose(f"seed/{arch}"))
         for key in ("train.compile_layers", "train.flex_block_mask", "train.sft.pad_to_multiple_of",
-                    "train.host_syncs"):
+                    "train.host_syncs", "train.sft.dataloader_num_workers"):
             assert seed.get(key) == default.get(key), (arch, key, seed.get(key))
 
 
@@ -69,7 +69,7 @@ def test_bad_recipes_are_named_with_the_key(recipes_root):
     write(recipes_root, "section", "lora:\n  r: 16\n")
     write(recipes_root, "a", "extends: b\nlora.r: 4\n")
     write(recipes_root, "b", "extends: a\n")
-    write(recipes_root, "extra", "train.sft.dataloader_num_workers: 2\nmodel.tiny.hidden_size: 64\n")
+    write(recipes_root, "extra", "train.sft.max_grad_norm: 0.5\nmodel.tiny.hidden_size: 64\n")
     typo = for_stage(validate(compose("typo", recipes_root)), "recipe", ["train", "lora"])
     with pytest.raises(ValueError, match="lora.rank.*did you mean lora.r"):  # what `make recipe` checks first
         check_library_fields(typo.train, typo.lora)
@@ -79,7 +79,7 @@ def test_bad_recipes_are_named_with_the_key(recipes_root):
         compose("a", recipes_root)
     with pytest.raises(ParamsError, match="no recipe 'nope'.*recipes: a, b"):
         compose("nope", recipes_root)
-    assert compose("extra", recipes_root)["train"]["sft"]["dataloader_num_workers"] == 2
+    assert compose("extra", recipes_root)["train"]["sft"]["max_grad_norm"] == 0.5
     write(recipes_root, "unknown", "eval.temperature: 0.7\n")
     with pytest.raises(ParamsError, match="recipes/unknown.yaml: eval.temperature is not a params.yaml key"):
         compose("unknown", recipes_root)
@@ -90,7 +90,7 @@ def test_dvc_exp_run_applies_each_recipe_exactly(tmp_path):
     """The `-S` sets `make recipe` hands to DVC leave params.yaml equal to the composed recipe (lists, dicts, bools,
     numbers, a field params.yaml lacks, a dict that replaces another), on a one-stage project reading every section."""
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    write(tmp_path, "extra", "extends: seed/gpt-oss-20b\ntrain.sft.dataloader_num_workers: 2\n"
+    write(tmp_path, "extra", "extends: seed/gpt-oss-20b\ntrain.sft.max_grad_norm: 0.5\n"
                              "train.sft.lr_scheduler_kwargs: {min_lr_rate: 0.2}\n")
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["train"]["sft"]["lr_scheduler_kwargs"] = {"num_cycles": 3}  # replaced whole, not merged

@@ -46,8 +46,9 @@ def _packed_rows_apart():
         start += n
 
 
-def _tiny_trainer(tmp_path, name, sets):
-    """build_trainer over a 4-layer Qwen2 (random init, word-level tokenizer) with params.yaml plus `sets`."""
+def _tiny_trainer(tmp_path, name, sets, arch="qwen2"):
+    """build_trainer over a 4-layer Qwen2 (random init, word-level tokenizer), or a 2-layer gpt-oss stored in MXFP4
+    (arch "gpt-oss"), with params.yaml plus `sets`."""
     import yaml
     from datasets import Dataset
     from tokenizers import Tokenizer, models
@@ -57,16 +58,24 @@ def _tiny_trainer(tmp_path, name, sets):
     from lora_pipeline.recipes import apply_sets
     from lora_pipeline.training import build_trainer
 
-    base = tmp_path / "base"
+    base = tmp_path / ("base" if arch == "qwen2" else f"base-{arch}")
     if not base.is_dir():
         vocab = {"<pad>": 0, "<eos>": 1, **{f"w{i}": i + 2 for i in range(95)}}
         tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
                                       pad_token="<pad>", eos_token="<eos>")
         torch.manual_seed(0)
-        config = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                             num_attention_heads=4, num_key_value_heads=2, use_cache=False)
-        Qwen2ForCausalLM(config).save_pretrained(base)
+        if arch == "qwen2":
+            config = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                 num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+            Qwen2ForCausalLM(config).save_pretrained(base)
+        else:
+            from helpers import build_tiny_gpt_oss
+
+            build_tiny_gpt_oss(base, vocab_size=97, pad_token_id=0, eos_token_id=1)
+            sets = ["quantization.method=mxfp4-dequantize", *sets]
         tok.save_pretrained(base)
+    elif arch != "qwen2":
+        sets = ["quantization.method=mxfp4-dequantize", *sets]
     raw = apply_sets(yaml.safe_load((ROOT / "params.yaml").read_text()),
                      ["train.checkpoint_steps=0", "train.sft.max_steps=2", "train.sft.warmup_steps=0",
                       "lora.lora_dropout=0.0", "train.sft.assistant_only_loss=false", *sets])
@@ -217,11 +226,13 @@ def _device_reads(trainer, step: int) -> list[str]:
     return reads
 
 
-def test_host_syncs_at_logging_read_nothing_between_logs_and_log_what_trl_logs(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen2", "gpt-oss"])
+def test_host_syncs_at_logging_read_nothing_between_logs_and_log_what_trl_logs(tmp_path, arch):
     """train.host_syncs: at_logging. A step that is not logged reads no value from the device in TRL's, the
     Trainer's or the project's code (TRL's own way reads several: the check can fail), and the logs are TRL's and
-    the Trainer's own: loss, entropy, token accuracy, token counts and grad norm, equal, also when one micro-step's
-    loss is nan (the Trainer then logs the mean of the others in its place). The adapters are equal."""
+    the Trainer's own: loss, entropy, token accuracy, token counts, grad norm and (gpt-oss, an MoE) the router's aux
+    loss, equal, also when one micro-step's loss is nan (the Trainer then logs the mean of the others in its place).
+    The adapters are equal."""
     import math
 
     results = {}
@@ -229,7 +240,8 @@ def test_host_syncs_at_logging_read_nothing_between_logs_and_log_what_trl_logs(t
         trainer, record = _tiny_trainer(tmp_path, setting, [
             "train.sft.padding_free=true", "train.sft.max_steps=4", "train.sft.logging_steps=2",
             "train.sft.gradient_accumulation_steps=2", "train.sft.per_device_train_batch_size=4",
-            f"train.host_syncs={setting}"])
+            f"train.host_syncs={setting}"], arch=arch)
+        assert trainer.aux_loss_enabled == (arch == "gpt-oss")
         assert (record.get("host_syncs", {}).get("trainer") == "SyncFreeSFTTrainer") == (setting == "at_logging")
         reads = _device_reads(trainer, step=3)
         compute_loss, calls = trainer.compute_loss, []
@@ -250,6 +262,7 @@ def test_host_syncs_at_logging_read_nothing_between_logs_and_log_what_trl_logs(t
     each, free = results["each_step"], results["at_logging"]
     assert each[1] and not free[1], (each[1], free[1])
     assert len(each[0]) == 3 and all(math.isfinite(entry.get("loss", 0.0)) for entry in each[0])
+    assert ("aux_loss" in each[0][0]) == (arch == "gpt-oss")
     assert free[0] == each[0]
     assert free[3] == each[3] > 0
     for key, weight in each[2].items():

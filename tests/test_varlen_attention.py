@@ -1,0 +1,115 @@
+"""torch_varlen, torch's FlashAttention over padding-free rows, on the CPU: the model's plumbing (sequence bounds
+from TRL's collator, grouped key-value heads, the layout transformers expects) over the pure-torch reference
+kernel, the choice among torch's versions of varlen_attn, and where it runs. The kernel itself is checked on a GPU by
+benchmarks/check_kernels.py --only varlen_attention."""
+import inspect
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from lora_pipeline import varlen_attention
+from lora_pipeline.modeling import inference_attention, loss_attention, runnable_implementations
+
+
+def test_packed_rows_attend_within_their_own_sequence(monkeypatch):
+    """Three rows packed into one, with the bounds TRL's padding-free collator computes on the CPU and a padded tail
+    (each pad token a sequence of its own, as pad_to_multiple_of leaves it): each row's logits and the loss's
+    gradients are those of the rows run alone under sdpa; grouped key-value heads (4 query heads, 2 key-value)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    monkeypatch.setattr(varlen_attention, "causal_varlen_attention", varlen_attention.reference_varlen_attention)
+    varlen_attention.register()
+    config = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    rows = [torch.randint(3, 97, (n,)).tolist() for n in (50, 7, 33)]
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=32)(
+        [{"input_ids": row} for row in rows])
+    assert batch["input_ids"].shape[1] == 96 and batch["cu_seq_lens_q"].tolist()[:4] == [0, 50, 57, 90]
+    model.config._attn_implementation = varlen_attention.NAME
+    out = model(**batch)
+    out.loss.backward()
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.config._attn_implementation = "sdpa"
+    start, losses = 0, 0
+    for row in rows:
+        alone = model(input_ids=torch.tensor([row]), labels=torch.tensor([row]))
+        torch.testing.assert_close(out.logits[:, start:start + len(row)], alone.logits, rtol=1e-5, atol=1e-5)
+        losses = losses + alone.loss * (len(row) - 1)
+        start += len(row)
+    (losses / sum(len(row) - 1 for row in rows)).backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(packed_grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_rows_without_bounds_are_each_one_causal_sequence(monkeypatch):
+    """Without cu_seq_lens (padded rows, right-padded as training pads them) each row is one causal sequence: the
+    real tokens' logits are those of sdpa with the padding mask."""
+    monkeypatch.setattr(varlen_attention, "causal_varlen_attention", varlen_attention.reference_varlen_attention)
+    varlen_attention.register()
+    config = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    ids = torch.randint(3, 97, (2, 20))
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0
+    model.config._attn_implementation = varlen_attention.NAME
+    with torch.no_grad():
+        varlen = model(input_ids=ids, attention_mask=mask).logits
+        model.config._attn_implementation = "sdpa"
+        sdpa = model(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(varlen[0], sdpa[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(varlen[1, :12], sdpa[1, :12], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("version", ["2.11", "2.13"])
+def test_the_kernel_is_called_as_each_torch_version_takes_it(monkeypatch, version):
+    """torch 2.10/2.11's varlen_attn takes is_causal and neither a scale nor grouped heads (the key-value heads are
+    repeated and the queries scaled instead); later ones take a causal window, the scale and enable_gqa. Either way
+    the result is the reference's."""
+    from torch.nn.attention import varlen
+
+    calls = []
+    if version == "2.11":
+        def fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+            calls.append({"is_causal": is_causal, "heads": (query.shape[1], key.shape[1])})
+            default_scale = query.shape[-1] ** -0.5
+            return varlen_attention.reference_varlen_attention(query, key, value, cu_seq_q, max_q, default_scale)
+    else:
+        def fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                 window_size=(-1, -1), enable_gqa=False):
+            calls.append({"window_size": window_size, "scale": scale, "enable_gqa": enable_gqa,
+                          "heads": (query.shape[1], key.shape[1])})
+            return varlen_attention.reference_varlen_attention(query, key, value, cu_seq_q, max_q, scale)
+    assert set(inspect.signature(fake).parameters) >= {"query", "cu_seq_q", "max_q"}
+    monkeypatch.setattr(varlen, "varlen_attn", fake)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(30, 4, 8), torch.randn(30, 2, 8), torch.randn(30, 2, 8)
+    cu = torch.tensor([0, 10, 25, 30], dtype=torch.int32)
+    out = varlen_attention.causal_varlen_attention(q, k, v, cu, 15, 0.2)
+    torch.testing.assert_close(out, varlen_attention.reference_varlen_attention(q, k, v, cu, 15, 0.2))
+    expected = ({"is_causal": True, "heads": (4, 4)} if version == "2.11" else
+                {"window_size": (-1, 0), "scale": 0.2, "enable_gqa": True, "heads": (4, 2)})
+    assert calls == [expected]
+
+
+def test_where_torch_varlen_runs():
+    """A GPU's training attention; on a CPU sdpa stands in (recorded); gpt-oss (attention sinks) keeps flex
+    attention; decoding and the held-out loss (left-padded or whole rows) run sdpa."""
+    from types import SimpleNamespace
+
+    asked = SimpleNamespace(attn_implementation="torch_varlen", experts_implementation="eager")
+    chosen = runnable_implementations("qwen2", asked)
+    if torch.cuda.is_available():
+        assert chosen["attention"] == "torch_varlen"
+    else:
+        assert chosen["attention"] == "sdpa" and chosen["notes"] == ["torch_varlen needs a CUDA GPU"]
+    gpt_oss = runnable_implementations("gpt_oss", asked)
+    assert gpt_oss["notes"][0] == "gpt-oss's attention sinks are not in torch_varlen's kernel"
+    assert gpt_oss["attention"] == ("flex_attention" if torch.cuda.is_available() else "eager")
+    assert inference_attention("qwen2", "torch_varlen")[0] == "sdpa"
+    assert loss_attention("qwen2", "torch_varlen")[0] == "sdpa"
