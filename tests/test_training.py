@@ -137,15 +137,16 @@ def test_compiled_layers_stay_eager_on_the_cpu_and_compiled_ones_learn_the_same(
 
 
 @pytest.mark.e2e  # two training processes under torch.distributed.run
-def test_compiled_layers_under_ddp_learn_what_eager_layers_learn(tmp_path):
+def test_compiled_layers_and_sync_free_steps_under_ddp_learn_what_eager_layers_learn(tmp_path):
     """The recipes' 8-GPU path, on 2 CPU processes (gloo): DDP over compiled decoder layers trains the adapter DDP
-    over eager layers trains."""
+    over eager layers trains, and with train.host_syncs at_logging it logs the same figures (summed over both
+    processes) and trains the same adapter."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    worker = Path(__file__).with_name("ddp_compiled_layers_worker.py")
+    worker = Path(__file__).with_name("ddp_levers_worker.py")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(worker), str(tmp_path)], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
