@@ -107,9 +107,9 @@ def _read_tensors(values: list) -> list:
 
 
 class SyncFreeSFTTrainer(SFTTrainer):
-    """SFTTrainer whose steps never wait for the GPU (train.host_syncs: at_logging). TRL's entropy, token accuracy
-    and token count and the Trainer's count of input tokens stay GPU tensors until a step is logged or a checkpoint
-    saved; the Trainer's stand-in for a nan or inf loss (the mean of the losses since the last log) is chosen on the
+    """SFTTrainer whose own code does not wait for the GPU between logs (train.host_syncs: at_logging). TRL's
+    entropy, token accuracy and token count and the Trainer's count of input tokens stay GPU tensors until a step is
+    logged or a checkpoint saved; the Trainer's stand-in for a nan or inf loss (the mean of the losses since the last log) is chosen on the
     GPU. The figures logged are those TRL and the Trainer log, read later. The loss is TRL's (with an MoE's router
     aux loss, as TRL adds it); whatever else TRL's compute_loss handles (a compute_loss_func, label smoothing,
     sequence or tensor parallelism, evaluation) runs TRL's own code."""
