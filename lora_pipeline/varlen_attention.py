@@ -2,6 +2,7 @@
 (torch.nn.attention.varlen), registered with transformers as the attention implementation `torch_varlen`."""
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -47,12 +48,18 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout=
     return out.reshape(batch, length, heads, head_dim), None
 
 
+@functools.cache
+def _parameters(kernel) -> frozenset[str]:
+    """The arguments a version of varlen_attn takes, read once (not in every layer of every step)."""
+    return frozenset(inspect.signature(kernel).parameters)
+
+
 def causal_varlen_attention(q, k, v, cu_seq_lens, max_length: int, scale: float):
     """torch.nn.attention.varlen.varlen_attn, causal, over torch's versions of it: 2.10 and 2.11 take is_causal, no
     scale and no grouped key-value heads; later versions take a window (-1, 0 is causal), a scale and enable_gqa."""
     from torch.nn.attention.varlen import varlen_attn
 
-    accepted = inspect.signature(varlen_attn).parameters
+    accepted = _parameters(varlen_attn)
     options = {"window_size": (-1, 0)} if "window_size" in accepted else {"is_causal": True}
     if "scale" in accepted:
         options["scale"] = scale
