@@ -232,8 +232,9 @@ def main():
         else:
             show_warning(message, category, filename, lineno, file, line)
 
-    show_warning, warnings.showwarning = warnings.showwarning, note_sync
-    warnings.simplefilter("always", UserWarning)
+    if args.sync_debug:  # only then: "always" would repeat every other warning at every step too
+        show_warning, warnings.showwarning = warnings.showwarning, note_sync
+        warnings.simplefilter("always", UserWarning)
     with forced_path(glue=None if args.experts_glue == "auto" else args.experts_glue):
         trainer.train()
     torch.cuda.set_sync_debug_mode(0)
@@ -265,7 +266,8 @@ def main():
                "mfu": round(flops_per_gpu / PEAK_FLOPS, 3), "active_params": n_active,
                "global_batch": sft.per_device_train_batch_size * sft.gradient_accumulation_steps * state.num_processes,
                "micro_batch": sft.per_device_train_batch_size, "grad_accum": sft.gradient_accumulation_steps,
-               "max_length": raw["train"]["sft"]["max_length"], "logging_steps": sft.logging_steps, "dtype": raw["model"]["dtype"],
+               "max_length": raw["train"]["sft"]["max_length"], "logging_steps": sft.logging_steps,
+               "dtype": raw["model"]["dtype"],
                "implementations": implementations, "mxfp4_paths": paths_run(trainer.model), "overrides": args.set,
                "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
                "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
