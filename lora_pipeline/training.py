@@ -109,10 +109,10 @@ def _read_tensors(values: list) -> list:
 class SyncFreeSFTTrainer(SFTTrainer):
     """SFTTrainer whose own code does not wait for the GPU between logs (train.host_syncs: at_logging). TRL's
     entropy, token accuracy and token count and the Trainer's count of input tokens stay GPU tensors until a step is
-    logged or a checkpoint saved; the Trainer's stand-in for a nan or inf loss (the mean of the losses since the last log) is chosen on the
-    GPU. The figures logged are those TRL and the Trainer log, read later. The loss is TRL's (with an MoE's router
-    aux loss, as TRL adds it); whatever else TRL's compute_loss handles (a compute_loss_func, label smoothing,
-    sequence or tensor parallelism, evaluation) runs TRL's own code."""
+    logged or a checkpoint saved; the Trainer's stand-in for a nan or inf loss (the mean of the losses since the last
+    log) is chosen on the GPU. The figures logged are those TRL and the Trainer log, read later. The loss is TRL's
+    (with an MoE's router aux loss, as TRL adds it); whatever else TRL's compute_loss handles (a compute_loss_func,
+    label smoothing, sequence or tensor parallelism, evaluation) runs TRL's own code."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -122,7 +122,8 @@ class SyncFreeSFTTrainer(SFTTrainer):
     def _plain_loss(self, return_outputs: bool) -> bool:
         config = getattr(self.accelerator, "parallelism_config", None)
         return (self.model.training and not return_outputs and self.compute_loss_func is None
-                and self.label_smoother is None and self._tp_size == 1 and not (config is not None and config.sp_enabled))
+                and self.label_smoother is None and self._tp_size == 1
+                and not (config is not None and config.sp_enabled))
 
     def _count(self, which: int, tokens) -> None:
         """Add to TRL's token count (0) or the Trainer's (1), on the GPU."""
