@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make bench RECIPE=<qwen2-0.5b|gpt-oss-20b>: on a GPU machine, the seed baseline and this project's train-stage
 # code on the same GPUs in one go; one JSON line per run appended to bench/results.jsonl (ratio = ours / seed).
-#   1 GPU:  the recipe's fast settings at the seed's 1-GPU global batch (Qwen2-0.5B 32, gpt-oss-20b 16 as 4 x GA 4)
+#   1 GPU:  the recipe's fast settings at the seed's global batch (Qwen2-0.5B 32; gpt-oss-20b 16 as the recipe's
+#           one-GPU 8 x GA 2)
 #   N GPUs: the same per-GPU micro-batch on every visible GPU (global batch stated in each line)
 # PROFILE=<path prefix> also writes torch.profiler's top kernels of each run.
 # Needs torch, transformers, peft, accelerate, trl, datasets, liger-kernel (requirements-gpu.txt).
@@ -20,8 +21,8 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARA
 
 case $RECIPE in
   qwen2-0.5b) MICRO=32; batch() { echo "$MICRO 1"; } ;;                       # micro-batch, grad accumulation
-  gpt-oss-20b) batch() { local m=$((16 / $1 < 4 ? 16 / $1 : 4)); echo "$m $((16 / $1 / m))"; } ;;  # global 16, as
-    # the seed's 8 GPUs; at most 4 rows a micro-step: the recipe runs without recompute
+  gpt-oss-20b) batch() { local m=$((16 / $1 < 8 ? 16 / $1 : 8)); echo "$m $((16 / $1 / m))"; } ;;  # global 16, as
+    # the seed's 8 GPUs; at most 8 rows a micro-step, the recipe's one-GPU batch (8 x GA 2; 2 x 1 on 8 GPUs)
   *) echo "unknown recipe $RECIPE" >&2; exit 2 ;;
 esac
 
