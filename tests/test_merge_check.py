@@ -32,6 +32,10 @@ def old_logit_rule(compared: dict, adapter_effect: float, dtype: str) -> str | N
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
+    return near_tie_base(tmp_path_factory.mktemp("near-tie") / "base")
+
+
+def near_tie_base(out):
     """A tiny gpt-oss in MXFP4, as openai/gpt-oss ships, whose routers score every expert alike but for a bias
     smaller than bf16's rounding of the scores: whether a token goes to the biased experts or, on a tie, to the others
     turns on the last bit of its score. The experts' outputs are scaled up so that a token sent elsewhere moves the
@@ -48,7 +52,6 @@ def base_dir(tmp_path_factory):
             router.weight.copy_((torch.randn(HIDDEN, generator=generator) / 8 ** 0.5).expand(EXPERTS, HIDDEN))
             router.bias.copy_(torch.tensor(biased, dtype=torch.float32) * 0.01)
             layer.mlp.experts.down_proj.mul_(torch.tensor([4.0 if b else -4.0 for b in biased])[:, None, None])
-    out = tmp_path_factory.mktemp("near-tie") / "base"
     save_mxfp4_checkpoint(model, out)
     return out
 
