@@ -63,10 +63,10 @@ def adapter_load_problem(peft_model, adapter_dir: str | Path) -> str | None:
 
 def rounding_bound(base: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """How far a merged weight may be from base + delta (float64 tensors) in `dtype`, elementwise. merge_and_unload adds
-    PEFT's delta in place, one rounding of the sum to `dtype`: at most half a unit in the last place of the result,
-    and a unit is at most eps * |value|. The bound, eps * max(|base|, |base + delta|), is twice that: room for the
-    sum's own rounding in float32 and a delta between the two; a lost delta exceeds it wherever the delta is more
-    than a unit of its weight. `tiny` keeps the bound above 0 where both values are 0."""
+    PEFT's delta (get_delta_weight, the tensor compared here) to the weight in place: the sum, computed in float32 or
+    wider, is rounded once to `dtype`, off by at most half a unit in the last place, and a unit is at most
+    eps * |value|. The bound, eps * max(|base|, |base + delta|), allows twice that. A lost delta is off by the whole
+    delta: past the bound wherever the delta exceeds a unit of its weight. `tiny` keeps the bound above 0 at 0."""
     info = torch.finfo(dtype)
     return torch.maximum(base.abs(), expected.abs()) * info.eps + info.tiny
 
