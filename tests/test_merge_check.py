@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from lora_pipeline.logits import compare_logits
 from lora_pipeline.merge_check import (ADAPTER_FILE, BaseWeights, adapter_load_problem, check_merged_weights,
                                        lora_weights)
-from lora_pipeline.modeling import load_model
+from lora_pipeline.modeling import device, load_model
 from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
 from lora_pipeline.tiny_models import random_gpt_oss
 
@@ -70,10 +70,11 @@ def make_adapter(base_dir, out, scale: float, **targets):
 
 
 def merged(base_dir, adapter_dir, lose_adapter=False):
-    """As the merge stage does it: the adapted model's and the base's logits on a few rows, then the merged model
-    (merge_and_unload; with lose_adapter, unload: the base's weights as they were) and its logits."""
-    ids = torch.randint(VOCAB, (4, 64), generator=torch.Generator().manual_seed(2))
-    model = PeftModel.from_pretrained(load_model(base_dir, MODEL), adapter_dir).eval()
+    """As the merge stage does it, on the GPU where there is one: the adapted model's and the base's logits on a few
+    rows, then the merged model (merge_and_unload; with lose_adapter, unload: the base's weights as they were) and its
+    logits."""
+    ids = torch.randint(VOCAB, (4, 64), generator=torch.Generator().manual_seed(2)).to(device())
+    model = PeftModel.from_pretrained(load_model(base_dir, MODEL, device_map={"": device()}), adapter_dir).eval()
     layers = lora_weights(model)
     with torch.no_grad():
         adapted = model(input_ids=ids).logits.float()
@@ -145,7 +146,7 @@ def test_a_module_left_unmerged_or_a_weight_changed_fails_naming_it(base_dir, tr
         assert check.problem and check.problem.startswith(name) and "times the bound" in check.problem
         weight.copy_(saved)
         bias = merge.model.get_parameter("model.layers.0.mlp.router.bias")
-        bias[0] = torch.nextafter(bias[0], torch.tensor(1.0, dtype=bias.dtype))  # one bf16 step
+        bias[0] = torch.nextafter(bias[0], torch.ones_like(bias[0]))  # one bf16 step
     check = check_merged_weights(merge.model, merge.layers, base_dir, trained)
     assert check.problem and check.problem.startswith("model.layers.0.mlp.router.bias differs from the base's in 1")
 
