@@ -42,7 +42,7 @@ def main():
     # Loaded onto the GPU, where there is one: an MXFP4 base is dequantized there too.
     base = load_model(BASE, params.model, device_map={"": device()})
     attention, note = inference_attention(base.config.model_type, base.config._attn_implementation)
-    if note:  # the check below needs no speed
+    if note:  # the logit comparison below needs no speed
         print(f"merge: {note}")
         base.set_attn_implementation(attention)
     model = PeftModel.from_pretrained(base, ADAPTER).eval()
@@ -61,15 +61,18 @@ def main():
         merged_model = model.merge_and_unload()
         merged = merged_model(**batch).logits.float()
     mask = batch["attention_mask"].bool()
-    checked = check_merged_weights(merged_model, layers, BASE, ADAPTER)
-    if checked.problem:
-        raise SystemExit(f"merge: {checked.problem}")
-    if checked.adapted and not checked.delta_above_rounding:
-        print(f"merge: no value of the LoRA delta exceeds {params.model.dtype}'s rounding of its weight: the merged "
-              "weights are the base's")
     compared = compare_logits(adapted, merged, mask)
     metrics = {key: compared[key] for key in stage_outputs.MERGE_LOGIT_FIGURES}
     metrics["adapter_relative_effect"] = compare_logits(adapted, base_logits, mask)["mean_relative_logit_diff"]
+    checked = check_merged_weights(merged_model, layers, BASE, ADAPTER)
+    if checked.problem:
+        raise SystemExit(f"merge: {checked.problem} (logits, not gating: merged differ from adapted by "
+                         f"{metrics['mean_relative_logit_diff']:.3g} of the mean |logit|, the base by "
+                         f"{metrics['adapter_relative_effect']:.3g}; top-1 tokens agree at "
+                         f"{metrics['top1_agreement']:.1%})")
+    if checked.adapted and not checked.delta_above_rounding:
+        print(f"merge: no value of the LoRA delta exceeds {params.model.dtype}'s rounding of its weight: the merged "
+              "weights are the base's")
     metrics["weights"] = checked.figures()
     if params.quantization.method in BITSANDBYTES:  # the adapter over the 4/8-bit base it was trained on
         trained = PeftModel.from_pretrained(load_model(BASE, params.model, params.quantization), ADAPTER).eval()
