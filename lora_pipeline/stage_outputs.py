@@ -7,6 +7,9 @@ from pathlib import Path
 METRICS = {"train": Path("metrics/train.json"), "merge": Path("metrics/merge.json"), "eval": Path("metrics/eval.json")}
 # The dvc.yaml stage that writes each.
 WRITTEN_BY = {"train": "train", "merge": "merge", "eval": "evaluate"}
+# The figures of lora_pipeline.logits.compare_logits (merged against adapted) that merge reports in metrics/merge.json,
+# beside adapter_relative_effect and its weight check's `weights` (lora_pipeline.merge_check.WeightCheck), which gates.
+MERGE_LOGIT_FIGURES = ("max_abs_logit_diff", "relative_logit_diff", "mean_relative_logit_diff", "top1_agreement")
 
 
 def train_sft_args(output_dir: Path, checkpoint_steps: int, on_gpu: bool) -> dict:

@@ -1,12 +1,14 @@
 """merge: fold the LoRA adapter into the full-precision base weights (merge_and_unload), safetensors to models/merged.
 
     python -m stages.merge
-Checks on a few held-out conversations that the merged model gives the adapted model's logits. An adapter trained
-on a 4/8-bit base (QLoRA) is merged into the unquantized weights too; how far that moves the logits from the
-trained model's is reported (metrics/merge.json: trained_relative_logit_diff). With merge.save_format mxfp4
+Checks the merged model weight by weight (lora_pipeline.merge_check): each adapted weight is the base's plus PEFT's
+LoRA delta within one rounding to model.dtype, every other weight is the base's (metrics/merge.json: weights.*).
+Beside it, reported and not gating, how far the merged model's logits are from the adapted model's on a few
+held-out conversations: in a 16-bit mixture of experts a rounding can send a token to other experts, so they move
+by chance. An adapter trained on a 4/8-bit base (QLoRA) is merged into the unquantized weights too; how far that
+moves the logits from the trained model's is reported (trained_relative_logit_diff). With merge.save_format mxfp4
 (auto, for an MXFP4 base such as openai/gpt-oss) the experts are re-encoded to MXFP4 as the base stores them; the
-saved model is read back into memory and its logits compared with the 16-bit merged model's (metrics/merge.json:
-mxfp4.*).
+saved model is read back into memory and its logits compared with the 16-bit merged model's (mxfp4.*).
 """
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ from lora_pipeline import stage_outputs
 from lora_pipeline.chat import conversation
 from lora_pipeline.jsonl import read_jsonl
 from lora_pipeline.logits import compare_logits
+from lora_pipeline.merge_check import adapter_load_problem, check_merged_weights, lora_weights
 from lora_pipeline.modeling import BITSANDBYTES, device, inference_attention, load_model, load_tokenizer
 from lora_pipeline.mxfp4_checkpoint import expert_values_changed, load_into, merged_save_format, save_mxfp4_checkpoint
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json
@@ -25,25 +28,6 @@ from lora_pipeline.params import load_params
 
 BASE, ADAPTER, MERGED = Path("models/base"), Path("models/adapter"), Path("models/merged")
 TEST, METRICS = Path("data/split/test.jsonl"), stage_outputs.METRICS["merge"]
-# Mean |merged - adapted| logit difference allowed, relative to the mean |logit|: merging changes only rounding,
-# ~1e-7 in float32 and ~1e-3..1e-2 in 16-bit formats. The mean, not the largest: in a mixture of experts a
-# rounding can send a token to other experts, which moves that position's logits far (and later ones a little).
-RELATIVE_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 2e-2}
-# Past that, the merge still passes if the merged model is this much closer to the adapted model than the base
-# is: rounding noise of a large model, not a lost or doubled adapter (which moves the logits by the whole effect).
-ADAPTER_EFFECT_KEPT = 0.1
-
-
-def merge_problem(compared: dict, adapter_effect: float, dtype: str) -> str | None:
-    """Why the merged model's logits (compare_logits against the adapted model's) show a failed merge, or None.
-    `adapter_effect`: the base model's mean |logit difference| from the adapted model, relative to the mean
-    |adapted logit|."""
-    relative = compared["mean_relative_logit_diff"]
-    if relative <= RELATIVE_TOLERANCE[dtype] or relative <= ADAPTER_EFFECT_KEPT * adapter_effect:
-        return None
-    return (f"merged logits differ from the adapted model's by {relative:.3g} of the mean |logit| (tolerance "
-            f"{RELATIVE_TOLERANCE[dtype]} for {dtype}; the adapter itself moves them by {adapter_effect:.3g}; largest "
-            f"difference {compared['max_abs_logit_diff']:.3g}, top-1 tokens agree at {compared['top1_agreement']:.1%})")
 
 
 def main():
@@ -58,10 +42,14 @@ def main():
     # Loaded onto the GPU, where there is one: an MXFP4 base is dequantized there too.
     base = load_model(BASE, params.model, device_map={"": device()})
     attention, note = inference_attention(base.config.model_type, base.config._attn_implementation)
-    if note:  # the check below needs no speed
+    if note:  # the logit comparison below needs no speed
         print(f"merge: {note}")
         base.set_attn_implementation(attention)
     model = PeftModel.from_pretrained(base, ADAPTER).eval()
+    problem = adapter_load_problem(model, ADAPTER)
+    if problem:
+        raise SystemExit(f"merge: {problem}")
+    layers = lora_weights(model)
     experts_trained = bool(model.peft_config["default"].target_parameters)
 
     texts = [tokenizer.apply_chat_template(conversation(row), tokenize=False) for row in read_jsonl(TEST)[:4]]
@@ -74,13 +62,18 @@ def main():
         merged = merged_model(**batch).logits.float()
     mask = batch["attention_mask"].bool()
     compared = compare_logits(adapted, merged, mask)
-    adapter_effect = compare_logits(adapted, base_logits, mask)["mean_relative_logit_diff"]
-    problem = merge_problem(compared, adapter_effect, params.model.dtype)
-    if problem:
-        raise SystemExit(f"merge: {problem}")
-    metrics = {key: compared[key] for key in ("max_abs_logit_diff", "relative_logit_diff", "mean_relative_logit_diff",
-                                              "top1_agreement")}
-    metrics["adapter_relative_effect"] = adapter_effect
+    metrics = {key: compared[key] for key in stage_outputs.MERGE_LOGIT_FIGURES}
+    metrics["adapter_relative_effect"] = compare_logits(adapted, base_logits, mask)["mean_relative_logit_diff"]
+    checked = check_merged_weights(merged_model, layers, BASE, ADAPTER)
+    if checked.problem:
+        raise SystemExit(f"merge: {checked.problem} (logits, not gating: merged differ from adapted by "
+                         f"{metrics['mean_relative_logit_diff']:.3g} of the mean |logit|, the base by "
+                         f"{metrics['adapter_relative_effect']:.3g}; top-1 tokens agree at "
+                         f"{metrics['top1_agreement']:.1%})")
+    if checked.adapted and not checked.delta_above_rounding:
+        print(f"merge: no value of the LoRA delta exceeds {params.model.dtype}'s rounding of its weight: the merged "
+              "weights are the base's")
+    metrics["weights"] = checked.figures()
     if params.quantization.method in BITSANDBYTES:  # the adapter over the 4/8-bit base it was trained on
         trained = PeftModel.from_pretrained(load_model(BASE, params.model, params.quantization), ADAPTER).eval()
         with torch.no_grad():

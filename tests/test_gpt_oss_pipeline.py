@@ -39,6 +39,9 @@ def test_tiny_mxfp4_gpt_oss_runs_the_whole_pipeline(tmp_path):
         (repo / "models/base/model.safetensors").stat().st_size
     merge = json.loads((repo / "metrics/merge.json").read_text())
     assert merge["relative_logit_diff"] < 1e-4
+    # each layer's q, k, v, o and both expert weights checked against base + delta in bf16
+    assert merge["weights"]["adapted"] == 6 * base_config["num_hidden_layers"], merge
+    assert merge["weights"]["max_error_over_bound"] <= 1 and merge["weights"]["delta_above_rounding"] > 0, merge
     assert merge["mxfp4"]["expert_values_changed"] > 0.01, merge  # the trained experts' deltas survive re-encoding
     assert merge["mxfp4"]["top1_agreement"] > 0.8, merge
 

@@ -30,6 +30,9 @@ def test_repro_runs_every_stage_and_learns(repo):
     ev = json.loads((repo / "metrics/eval.json").read_text())
     assert train["world_size"] == 1 and train["steps"] > 0
     assert merge["max_abs_logit_diff"] < 1e-3
+    # every weight checked: the adapted ones within float32's rounding of base + delta, the others the base's
+    assert merge["weights"]["adapted"] > 0 and merge["weights"]["unchanged"] > 0, merge
+    assert merge["weights"]["max_error_over_bound"] <= 1 and merge["weights"]["delta_kept"] > 0.99, merge
     # fine-tuning learned: held-out loss well below the base model's
     assert ev["test"]["loss"] < 0.7 * ev["base"]["test"]["loss"], ev
     assert set(ev["compliance"]) == {"en", "de", "es", "fr", "it", "overall"}
