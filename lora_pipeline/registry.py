@@ -187,9 +187,11 @@ def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_
     else:  # a new model, or one whose registration was interrupted before its aliases were set
         if version is None:
             if reg.log_mode == "merged":
-                info = serving.log_merged_model(Path(model_dir), params.model, params.quantization)
+                info = serving.log_merged_model(Path(model_dir), params.model, params.quantization,
+                                                reg.serve_batch_size)
             else:
-                info = serving.log_adapter_model(Path(model_dir), params.model, params.quantization)
+                info = serving.log_adapter_model(Path(model_dir), params.model, params.quantization,
+                                                 reg.serve_batch_size)
             version = register_version(client, reg.model_name, info, {"model_md5": model_md5})
         client.update_model_version(reg.model_name, version.version,
                                     describe(run_params, metrics, tags["git_commit"]))
