@@ -41,7 +41,7 @@ def mlflow_name_problems(register) -> list[str]:
         try:
             rule(name)
         except MlflowException as exc:
-            problems.append(f"{key}: {exc.message} (MLflow's rule; register would fail on it after the whole run)")
+            problems.append(f"{key}: {exc.message} (MLflow's own rule, checked before any stage runs)")
     if "'" in register.model_name and '"' in register.model_name:
         problems.append(f"register.model_name: {register.model_name!r} holds both quote characters, and MLflow's "
                         "search filters (which register uses to find its versions) cannot quote such a name")

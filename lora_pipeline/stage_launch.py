@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     except (subprocess.CalledProcessError, ChildFailedError, SignalException) as error:
         signum = stopping_signal(error)
         if signum is not None:
-            print(stop_line(stage, signum, kept_checkpoint(started)), file=sys.stderr, flush=True)
+            # on a line of its own: the process may have died in the middle of one (a progress bar's)
+            print("\n" + stop_line(stage, signum, kept_checkpoint(started)), file=sys.stderr, flush=True)
             sys.exit(128 + signum)
         if isinstance(error, subprocess.CalledProcessError):  # the process printed its own error; the traceback
             sys.exit(error.returncode)                         # would only repeat its exit status
