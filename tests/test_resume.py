@@ -72,9 +72,9 @@ def wait_for_checkpoint_step(proc, repo, step):
 
 
 def workers(proc):
-    """The training worker processes under DVC and the accelerate launcher."""
+    """The training worker processes under DVC and the launcher (lora_pipeline.stage_launch, or accelerate's)."""
     return [p for p in psutil.Process(proc.pid).children(recursive=True)
-            if "stages.train" in " ".join(p.cmdline()) and "accelerate" not in " ".join(p.cmdline())]
+            if re.fullmatch(r"\S+ (-u )?-m stages\.train", " ".join(p.cmdline()))]
 
 
 def killed_training(repo, at_step, accelerate_config="cpu") -> int:
