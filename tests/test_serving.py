@@ -223,6 +223,11 @@ def test_loaded_model_refuses_the_same_in_python(registered):
     with pytest.raises(MlflowException, match=r"params: unknown 'max_tokens'"):
         model.predict([PROMPT], params={"max_tokens": 8})
     assert list(model.predict([PROMPT], params={"max_new_tokens": 2}).columns) == ["text", "reasoning", "answer"]
+    # the most prompts a request may hold travels with the model
+    limit = yaml.safe_load((ROOT / "params.yaml").read_text())["register"]["serve_batch_size"]
+    assert model.model_config["serve_batch_size"] == limit
+    with pytest.raises(MlflowException, match=rf"inputs: {limit + 1} prompts; this model serves at most {limit} "):
+        model.predict([PROMPT] * (limit + 1))
 
 
 def long_prompt(folder, at_least: int) -> tuple[str, int]:
