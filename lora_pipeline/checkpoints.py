@@ -2,14 +2,17 @@
 
 A checkpoint is resumed only by a run with the same params, code and input data: its folder name is a hash of the
 train stage's params and of the content of every dependency dvc.yaml lists for the stage. And only if it is whole:
-a manifest of its files' sizes and hashes, written last, must still match them.
+a manifest of its files' sizes and hashes, written last, must still match them. A stage stopped by a signal says so
+in one line (stop_line): the signal, the checkpoint kept and the way on.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
+import signal
 from pathlib import Path
 
 
@@ -144,4 +147,33 @@ def hold_run_lock(folder: Path):
     except BlockingIOError:
         raise SystemExit(f"another training of the same params, code and data is running ({folder} is locked); "
                          "wait for it to finish or stop it first") from None
+    os.utime(handle.name)  # when this run took its lock: how a launcher finds its run (kept_checkpoint)
     return handle
+
+
+def kept_checkpoint(since: float, root: Path = Path(".")) -> Path | None:
+    """The newest checkpoint with its manifest (so saved whole) of the training that took its run's lock at or
+    after `since` (a time.time()): what a training stopped since then keeps for the next run to resume. None if no
+    training took a lock since, or it has no such checkpoint yet. Found without the run's hash, which a launcher
+    cannot cheaply compute (it reads the whole base model)."""
+    locks = [(lock.stat().st_mtime, lock.parent) for lock in (root / CHECKPOINTS).glob("train-*/.lock")]
+    locks = [(taken, folder) for taken, folder in locks if taken >= since]
+    if not locks:
+        return None
+    folder = max(locks)[1]
+    steps = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP.match(p.name)) and (p / MANIFEST).is_file()]
+    return max(steps)[1] if steps else None
+
+
+def stop_line(stage: str, signum: int, checkpoint: Path | None, at_step: int | None = None) -> str:
+    """One line for a stage that a signal stopped: which stage, which signal (at which step, when known), the
+    checkpoint kept and the way on."""
+    try:
+        name = f"{signal.Signals(signum).name} (signal {signum})"
+    except ValueError:
+        name = f"signal {signum}"
+    stopped = f"{stage} stopped by {name}" + (f" at step {at_step}" if at_step is not None else "")
+    if checkpoint is None:
+        return f"{stopped}; kept: no checkpoint; `dvc repro` runs it again"
+    step = _STEP.match(checkpoint.name).group(1)
+    return f"{stopped}; kept: checkpoint {checkpoint} (step {step}); `dvc repro` resumes from it"

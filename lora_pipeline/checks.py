@@ -14,6 +14,7 @@ from lora_pipeline.eval_checks import check_eval, check_gate_metric, check_regis
 from lora_pipeline.formats import check_format
 from lora_pipeline.local_data import check_data, local_rows
 from lora_pipeline.machine import check_eval_launch, check_machine, distributed_type
+from lora_pipeline.mlflow_names import check_mlflow_names
 from lora_pipeline.model_checks import (check_base_model, check_packed_experts, check_quantization, check_save_format,
                                        check_tiny)
 from lora_pipeline.modeling import check_model
@@ -47,6 +48,7 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
         lambda: check_eval(view.eval),
         lambda: check_eval_launch(view.eval, root),
         lambda: check_register(view.register),
+        lambda: check_mlflow_names(view.register),
         lambda: check_gate_metric(view.register, view.eval),
     ]
     problems = []

@@ -271,6 +271,7 @@ class Register(_Section):
     log_mode: Literal["merged", "adapter"]
     gate_metric: str
     gate_greater_is_better: bool
+    serve_batch_size: int = Field(ge=1)
 
 
 # The section is called `register` in params.yaml; the name only shadows ABCMeta.register, which is unused.

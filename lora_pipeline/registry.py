@@ -16,6 +16,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from lora_pipeline import dvcfiles, serving, tracking
+from lora_pipeline.mlflow_names import CANDIDATE, CHAMPION, name_filter
 from lora_pipeline.params import flat_keys
 from lora_pipeline.stage_outputs import METRICS
 
@@ -77,7 +78,7 @@ def register_version(client: MlflowClient, model_name: str, model_info, tags: di
 def find_version_by_tag(client: MlflowClient, model_name: str, key: str, value: str):
     """The registered version whose tag `key` equals `value`, or None."""
     try:
-        versions = client.search_model_versions(f"name = '{model_name}'")
+        versions = client.search_model_versions(name_filter(model_name))
     except mlflow.exceptions.MlflowException:
         return None
     return next((v for v in versions if v.tags.get(key) == value), None)
@@ -107,7 +108,7 @@ def champion_decision(client: MlflowClient, model_name: str, metric: str, value:
                       greater_is_better: bool) -> dict:
     """Whether a new version with gate `metric` = `value` beats the current @champion (which may not exist)."""
     try:
-        champion = client.get_model_version_by_alias(model_name, "champion")
+        champion = client.get_model_version_by_alias(model_name, CHAMPION)
     except mlflow.exceptions.MlflowException:
         return {"promote": True, "reason": "no champion yet", "champion_version": None, "champion_value": None}
     current = client.get_run(champion.run_id).data.metrics.get(metric)
@@ -186,17 +187,19 @@ def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_
     else:  # a new model, or one whose registration was interrupted before its aliases were set
         if version is None:
             if reg.log_mode == "merged":
-                info = serving.log_merged_model(Path(model_dir), params.model, params.quantization)
+                info = serving.log_merged_model(Path(model_dir), params.model, params.quantization,
+                                                reg.serve_batch_size)
             else:
-                info = serving.log_adapter_model(Path(model_dir), params.model, params.quantization)
+                info = serving.log_adapter_model(Path(model_dir), params.model, params.quantization,
+                                                 reg.serve_batch_size)
             version = register_version(client, reg.model_name, info, {"model_md5": model_md5})
         client.update_model_version(reg.model_name, version.version,
                                     describe(run_params, metrics, tags["git_commit"]))
         decision = champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
                                      reg.gate_greater_is_better)
-        client.set_registered_model_alias(reg.model_name, "candidate", version.version)
+        client.set_registered_model_alias(reg.model_name, CANDIDATE, version.version)
         if decision["promote"]:
-            client.set_registered_model_alias(reg.model_name, "champion", version.version)
+            client.set_registered_model_alias(reg.model_name, CHAMPION, version.version)
     mlflow.set_tags({"gate.decision": "champion" if decision["promote"] else "candidate",
                      "gate.reason": decision["reason"], "registered_version": version.version})
     mlflow.log_dict(decision, "gate_decision.json")

@@ -24,7 +24,8 @@ from datasets import Dataset
 
 from lora_pipeline import cpu_numerics, stage_outputs
 from lora_pipeline.chat import conversation
-from lora_pipeline.checkpoints import clear_run, content_hash, hold_run_lock, last_complete, run_dir, run_fingerprint
+from lora_pipeline.checkpoints import (clear_run, content_hash, hold_run_lock, last_complete, run_dir, run_fingerprint,
+                                       stop_line)
 from lora_pipeline.jsonl import read_jsonl
 from lora_pipeline.outputs import replace_dir, staging_dir, write_json, write_text
 from lora_pipeline.params import ROOT, load_params
@@ -68,8 +69,8 @@ def main():
         if live:
             live.finish("KILLED")  # a re-run resumes the run with the training
         if rank0:
-            print(f"stopped by signal {stopper.received} at step {trainer.state.global_step}; checkpoint saved in "
-                  f"{checkpoints}: run `dvc repro` to resume", flush=True)
+            step = trainer.state.global_step
+            print(stop_line("train", stopper.received, checkpoints / f"checkpoint-{step}", at_step=step), flush=True)
         sys.exit(128 + stopper.received)
 
     staged = staging_dir(ADAPTER) if rank0 else None

@@ -120,6 +120,14 @@ BAD = [
     case({"register.gate_metric": "eval.compliance.ja"}, "register.gate_metric", "'eval.compliance.ja'"),
     case({"register.gate_metric": "eval.test.los"}, "register.gate_metric", "'eval.test.los'"),
     case({"register.gate_metric": "eval.accuracy.mgsm.overall"}, "register.gate_metric", "mgsm.overall"),
+    # names MLflow's registry and tracking store refuse, in MLflow's words
+    case({"register.model_name": "my model/v2"}, "register.model_name", "Names cannot contain '/' or ':'"),
+    case({"register.model_name": "team:model"}, "register.model_name", "Names cannot contain '/' or ':'"),
+    case({"register.model_name": " "}, "register.model_name", "Missing value for required parameter 'name'"),
+    case({"register.model_name": ".."}, "register.model_name", "must not resolve to other names"),
+    case({"register.model_name": "it's \"v2\""}, "register.model_name", "holds both quote characters"),
+    case({"register.experiment": ""}, "register.experiment", "Invalid experiment name: ''"),
+    case({"register.experiment": "x" * 501}, "register.experiment", "exceeds the maximum length of 500"),
     # this machine
     case({"train.sft.bf16": True}, "train.sft.bf16", "bf16 True", no_gpu),
     case({"train.sft.fp16": True}, "train.sft.fp16", "fp16 True", no_gpu),
@@ -159,6 +167,7 @@ def test_every_problem_is_reported_at_once():
     {"split.test_size": 0.001},  # 2 of 2000 rows
     {"register.gate_metric": "eval.compliance.de"},
     {"register.gate_metric": "train.final_loss"},
+    {"register.model_name": "it's my model v2", "register.experiment": "team/lora: run 2"},
     {"register.gate_metric": "eval.accuracy.mgsm.de", "eval.mgsm.path": "hub"},
     {"lora.target_modules": ["q_proj", "self_attn.v_proj", "down_proj"]},
     {"lora.target_modules": r".*\.(q|v)_proj"},
@@ -233,3 +242,17 @@ def test_validate_stage_exits_naming_the_key(tmp_path):
                           text=True)
     assert proc.returncode != 0 and "lora.r:" in proc.stderr and "(got 0)" in proc.stderr, proc.stderr
     assert not (repo / "data" / "params.ok").exists()
+
+
+@pytest.mark.e2e
+def test_bad_model_name_stops_the_run_at_validate(tmp_path):
+    """The case of the issue: `dvc exp run -S` with a name MLflow's registry refuses stops at validate, naming the
+    key and the rule, before any other stage runs."""
+    repo = copy_repo(tmp_path / "repo")
+    proc = subprocess.run(["dvc", "exp", "run", "-S", 'register.model_name="my model/v2"'], cwd=repo, env=run_env(),
+                          capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert "register.model_name: Invalid model name 'my model/v2'. Names cannot contain '/' or ':'." in output, output
+    assert "Traceback" not in output, output
+    assert not (repo / "data" / "params.ok").exists() and not (repo / "data" / "raw").exists()

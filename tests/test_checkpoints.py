@@ -1,5 +1,6 @@
 """A checkpoint is resumed only if its files are as its manifest recorded them; a damaged one is set aside, kept,
-and the one before it is used (checkpoint folders of real files, no training)."""
+and the one before it is used (checkpoint folders of real files, no training); what a stopped training kept, and the
+line that says so."""
 import json
 import re
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lora_pipeline.checkpoints import DAMAGED, MANIFEST, clear_run, last_complete, write_manifest
+from lora_pipeline.checkpoints import (DAMAGED, MANIFEST, clear_run, hold_run_lock, kept_checkpoint, last_complete,
+                                       stop_line, write_manifest)
 
 
 def write_checkpoint(run, step: int):
@@ -113,3 +115,35 @@ def test_damaged_checkpoints_are_invisible_to_rotation_and_outlive_the_finished_
     write_checkpoint(whole, 4)
     clear_run(whole)
     assert not whole.exists(), "a run with nothing set aside leaves nothing"
+
+
+def test_the_checkpoint_kept_is_the_newest_whole_one_of_the_run_locked_since(tmp_path):
+    import os
+    import time
+
+    older = tmp_path / "checkpoints" / "train-older"
+    write_checkpoint(older, 50)
+    hold_run_lock(older).close()
+    os.utime(older / ".lock", (0, 0))  # locked by a run long ago
+    started = time.time()
+    assert kept_checkpoint(started, tmp_path) is None  # no training took a lock since
+    run = tmp_path / "checkpoints" / "train-now"
+    lock = hold_run_lock(run)
+    assert kept_checkpoint(started, tmp_path) is None  # locked, nothing saved yet
+    write_checkpoint(run, 4)
+    write_checkpoint(run, 8)
+    (run / "checkpoint-12").mkdir()  # being saved when the process died: no manifest
+    assert kept_checkpoint(started, tmp_path) == run / "checkpoint-8"
+    lock.close()
+
+
+def test_stop_line_names_stage_signal_checkpoint_and_the_way_on():
+    from pathlib import Path
+
+    assert stop_line("train", 9, Path("checkpoints/train-ab/checkpoint-8")) == \
+        "train stopped by SIGKILL (signal 9); kept: checkpoint checkpoints/train-ab/checkpoint-8 (step 8); " \
+        "`dvc repro` resumes from it"
+    assert stop_line("train", 15, Path("checkpoints/train-ab/checkpoint-12"), at_step=12).startswith(
+        "train stopped by SIGTERM (signal 15) at step 12; kept: checkpoint checkpoints/train-ab/checkpoint-12")
+    assert stop_line("evaluate", 15, None) == \
+        "evaluate stopped by SIGTERM (signal 15); kept: no checkpoint; `dvc repro` runs it again"

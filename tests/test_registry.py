@@ -65,6 +65,9 @@ def test_champion_loads_through_pyfunc_and_generates(repo):
     answers_like_a_chat_model(model, prompt)
     declared = {param.name for param in model.metadata.get_params_schema().params}
     assert declared == {"max_new_tokens", "do_sample", "temperature", "top_p"}
+    # the most prompts a request may hold, kept with the model for wherever it is served
+    serve_batch_size = yaml.safe_load((repo / "params.yaml").read_text())["register"]["serve_batch_size"]
+    assert model.model_config["serve_batch_size"] == serve_batch_size
 
 
 def test_version_describes_its_model_data_params_and_figures(repo):

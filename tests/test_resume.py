@@ -1,11 +1,14 @@
 """Interrupted training resumes from its last checkpoint, loses no step on SIGTERM, and ends where an
-uninterrupted run ends; a checkpoint of other params is never resumed."""
+uninterrupted run ends; a checkpoint of other params is never resumed. A stage stopped by a signal ends with one
+line, no traceback: the stage, the signal, the checkpoint kept and the way on."""
 import json
 import os
 import shutil
 import signal
 import subprocess
 import time
+
+import re
 
 import psutil
 import pytest
@@ -69,9 +72,9 @@ def wait_for_checkpoint_step(proc, repo, step):
 
 
 def workers(proc):
-    """The training worker processes under DVC and the accelerate launcher."""
+    """The training worker processes under DVC and the launcher (lora_pipeline.stage_launch, or accelerate's)."""
     return [p for p in psutil.Process(proc.pid).children(recursive=True)
-            if "stages.train" in " ".join(p.cmdline()) and "accelerate" not in " ".join(p.cmdline())]
+            if re.fullmatch(r"\S+ (-u )?-m stages\.train", " ".join(p.cmdline()))]
 
 
 def killed_training(repo, at_step, accelerate_config="cpu") -> int:
@@ -124,11 +127,13 @@ def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
     forget_training(repo)
     output, returncode = stopped_training(repo)
     assert returncode != 0, "an interrupted training must not count as done"
-    assert "checkpoint saved" in output
-    stopped_at = int(output.split("stopped by signal 15 at step ")[1].split(";")[0])
+    stopped_at = int(output.split("train stopped by SIGTERM (signal 15) at step ")[1].split(";")[0])
     assert stopped_at < 24
     last = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
     assert last == stopped_at, "the step the worker stopped at is checkpointed: no step is lost"
+    kept = complete_checkpoints(repo)[-1].relative_to(repo)
+    assert f"; kept: checkpoint {kept} (step {stopped_at}); `dvc repro` resumes from it" in output
+    assert output.count(" stopped by ") == 1 and "Traceback" not in output, output[-3000:]
     run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert run_facts(repo)["resumed_from_step"] == stopped_at
     assert_same_adapter(repo, reference)
@@ -145,13 +150,54 @@ def test_sigterm_to_dvc_alone_stops_the_orphaned_training_with_a_checkpoint(shor
     wait_for_checkpoint_step(proc, repo, 4)
     proc.send_signal(signal.SIGTERM)  # DVC alone, not its process group
     output, _ = proc.communicate()  # returns once DVC and the workers, which share its output, have exited
-    assert "stopped by signal 15 at step " in output, output[-3000:]
-    stopped_at = int(output.split("stopped by signal 15 at step ")[1].split(";")[0])
+    assert "train stopped by SIGTERM (signal 15) at step " in output, output[-3000:]
+    stopped_at = int(output.split("train stopped by SIGTERM (signal 15) at step ")[1].split(";")[0])
     assert stopped_at < 24
     assert max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo)) == stopped_at
     run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert run_facts(repo)["resumed_from_step"] == stopped_at
     assert_same_adapter(repo, reference)
+
+
+def test_sigkill_of_the_training_process_ends_in_one_line(short_repo):
+    """The worker killed (the OOM killer's way): no chance to save, so the last complete checkpoint is kept; the
+    launcher says so in one line, with no traceback, and `dvc repro` resumes from it."""
+    repo, _, _ = short_repo
+    forget_training(repo)
+    proc = start_training(repo)
+    wait_for_checkpoint_step(proc, repo, 4)
+    while not (training := workers(proc)):
+        time.sleep(0.1)
+    for worker in training:
+        worker.send_signal(signal.SIGKILL)
+    output, _ = proc.communicate()
+    assert proc.returncode != 0
+    kept = complete_checkpoints(repo)[-1]
+    step = int(kept.name.split("-")[1])
+    line = (f"train stopped by SIGKILL (signal 9); kept: checkpoint {kept.relative_to(repo)} (step {step}); "
+            "`dvc repro` resumes from it")
+    assert [text for text in output.splitlines() if " stopped by " in text] == [line], output[-3000:]
+    assert "Traceback" not in output and "CalledProcessError" not in output, output[-3000:]
+    output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
+    assert f"resuming from {kept.relative_to(repo)}" in output and run_facts(repo)["resumed_from_step"] == step
+
+
+def test_sigterm_to_evaluate_ends_in_one_line(short_repo):
+    """evaluate keeps no partial work: the line says so, and that `dvc repro` runs it again."""
+    repo, _, _ = short_repo
+    forget_training(repo)
+    proc = subprocess.Popen(["dvc", "repro", "--no-run-cache", "evaluate_base"], cwd=repo, env=run_env(),
+                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while not (evaluating := [p for p in psutil.Process(proc.pid).children(recursive=True)  # not the launcher
+                              if re.fullmatch(r"\S+ -m stages\.evaluate base", " ".join(p.cmdline()))]):
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(0.1)
+    evaluating[0].send_signal(signal.SIGTERM)
+    output, _ = proc.communicate()
+    assert proc.returncode != 0
+    line = "evaluate_base stopped by SIGTERM (signal 15); kept: no checkpoint; `dvc repro` runs it again"
+    assert [text for text in output.splitlines() if " stopped by " in text] == [line], output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
 
 
 def test_two_processes_resume_after_a_kill(short_repo):

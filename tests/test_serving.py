@@ -1,6 +1,7 @@
 """The registered chat model behind `mlflow models serve`: a chat prompt answered with text, reasoning and answer;
-input that is not a prompt and params that are unknown, of the wrong type or out of range refused with HTTP 400
-and a message naming them; and the request checks themselves."""
+input that is not a prompt, params that are unknown, of the wrong type or out of range, prompts longer than the
+model's context leaves them and more prompts than it serves at once refused with HTTP 400 and a message naming them;
+and the request checks themselves."""
 import json
 import os
 import re
@@ -17,7 +18,8 @@ import yaml
 from conftest import ROOT, run_env
 from helpers import free_port
 from lora_pipeline import builtin_data
-from lora_pipeline.serving import GENERATION_DEFAULTS, checked_generation, checked_prompts
+from lora_pipeline.serving import (GENERATION_DEFAULTS, Context, check_prompt_lengths, checked_generation,
+                                   checked_prompts, model_context)
 
 PROMPT = "<|im_start|>user\nAnna hat 5 Äpfel und kauft 3 dazu.<|im_end|>\n<|im_start|>assistant\n"
 ALLOWED = "allowed: max_new_tokens, do_sample, temperature, top_p"
@@ -58,6 +60,39 @@ def test_generation_params_refused_naming_the_param(params, message):
     assert error.value.get_http_status_code() == 400
 
 
+def test_limits_of_the_model_are_refused_naming_the_limit():
+    from mlflow.exceptions import MlflowException
+
+    context = Context(1024, "max_position_embeddings")
+    cases = [
+        (lambda: checked_prompts([PROMPT] * 9, max_prompts=8),
+         "inputs: 9 prompts; this model serves at most 8 per request"),
+        (lambda: checked_generation({"max_new_tokens": 1_000_000_000}, context),
+         "params.max_new_tokens 1000000000 leaves no room for a prompt in this model's context of 1024 tokens "
+         "(max_position_embeddings in its config); at most 1023"),
+        (lambda: check_prompt_lengths([10, 1000], 100, context),
+         "inputs[1]: the prompt is 1000 tokens; this model's context of 1024 tokens (max_position_embeddings in its "
+         "config) less max_new_tokens 100 leaves at most 924 tokens for a prompt"),
+    ]
+    for refused, message in cases:
+        with pytest.raises(MlflowException, match="^" + re.escape(message)) as error:
+            refused()
+        assert error.value.get_http_status_code() == 400
+    assert checked_prompts([PROMPT] * 8, max_prompts=8) == [PROMPT] * 8
+    assert checked_generation({"max_new_tokens": 1023}, context)["max_new_tokens"] == 1023
+    check_prompt_lengths([924, 1], 100, context)  # the prompt and its new tokens fill the context exactly
+
+
+def test_context_comes_from_the_model_config():
+    from transformers import AutoConfig, PretrainedConfig
+
+    assert model_context(AutoConfig.for_model("qwen2", max_position_embeddings=2048)) == \
+        Context(2048, "max_position_embeddings")
+    # gpt2 calls it n_positions; its config answers to max_position_embeddings too
+    assert model_context(AutoConfig.for_model("gpt2", n_positions=512)).tokens == 512
+    assert model_context(PretrainedConfig()) is None  # a config that states none: no length check
+
+
 def test_good_requests_pass_with_defaults_filled_in():
     assert checked_prompts([PROMPT, "x"]) == [PROMPT, "x"]
     assert checked_generation(None) == GENERATION_DEFAULTS
@@ -70,8 +105,9 @@ def test_good_requests_pass_with_defaults_filled_in():
 
 @pytest.fixture(scope="module")
 def registered(tmp_path_factory):
-    """A tiny Qwen2 built by the project's own builder (fetch's), logged by register's own code into a sqlite
-    registry of its own, as tiny-chat@champion. -> (tracking URI, folder)"""
+    """A tiny Qwen2 built by the project's own builder (fetch's), its context 512 tokens (more than the default
+    max_new_tokens), logged by register's own code into a sqlite registry of its own, as tiny-chat@champion.
+    -> (tracking URI, folder)"""
     from types import SimpleNamespace
 
     import mlflow
@@ -86,7 +122,7 @@ def registered(tmp_path_factory):
     # untrained, its weights spread wide: with the usual small spread, tied embeddings make greedy decoding repeat
     # the prompt's last token (a newline), and the answer would be blank
     tiny = SimpleNamespace(vocab_size=400, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                            initializer_range=0.5, pretrain_steps=0, seed=0)
     build_tiny("tiny-qwen2", builtin_data.generate(200, seed=0), tiny, model_dir)
 
@@ -96,7 +132,7 @@ def registered(tmp_path_factory):
     try:
         experiment = mlflow.create_experiment("serving", artifact_location=(folder / "artifacts").as_uri())
         with mlflow.start_run(experiment_id=experiment):
-            info = log_merged_model(model_dir, params.model, params.quantization)
+            info = log_merged_model(model_dir, params.model, params.quantization, params.register.serve_batch_size)
         version = mlflow.register_model(info.model_uri, "tiny-chat")
         mlflow.MlflowClient().set_registered_model_alias("tiny-chat", "champion", version.version)
     finally:
@@ -187,3 +223,55 @@ def test_loaded_model_refuses_the_same_in_python(registered):
     with pytest.raises(MlflowException, match=r"params: unknown 'max_tokens'"):
         model.predict([PROMPT], params={"max_tokens": 8})
     assert list(model.predict([PROMPT], params={"max_new_tokens": 2}).columns) == ["text", "reasoning", "answer"]
+    # the most prompts a request may hold travels with the model
+    limit = yaml.safe_load((ROOT / "params.yaml").read_text())["register"]["serve_batch_size"]
+    assert model.model_config["serve_batch_size"] == limit
+    with pytest.raises(MlflowException, match=rf"inputs: {limit + 1} prompts; this model serves at most {limit} "):
+        model.predict([PROMPT] * (limit + 1))
+
+
+def long_prompt(folder, at_least: int) -> tuple[str, int]:
+    """A chat prompt of at least `at_least` tokens of the served model's tokenizer -> (prompt, its tokens)"""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder / "merged")
+    question = "Anna hat 5 Äpfel und kauft 3 dazu."
+    while True:
+        prompt = PROMPT.replace("Anna hat 5 Äpfel und kauft 3 dazu.", question)
+        if (tokens := len(tokenizer(prompt, add_special_tokens=False)["input_ids"])) >= at_least:
+            return prompt, tokens
+        question += " Wie viele hat sie?"
+
+
+def test_served_model_refuses_a_prompt_longer_than_its_context_leaves(server, registered):
+    """The tiny model's context is 512 tokens: a prompt and the new tokens asked for must fit in it together."""
+    _, folder = registered
+    prompt, tokens = long_prompt(folder, 400)
+    assert tokens < 512
+    status, answer = post(server, {"inputs": [PROMPT, prompt], "params": {"max_new_tokens": 512 - tokens}})
+    assert status == 200, answer
+    status, answer = post(server, {"inputs": [PROMPT, prompt], "params": {"max_new_tokens": 513 - tokens}})
+    assert status == 400, answer
+    named = (f"inputs[1]: the prompt is {tokens} tokens; this model's context of 512 tokens (max_position_embeddings "
+             f"in its config) less max_new_tokens {513 - tokens} leaves at most {tokens - 1} tokens for a prompt")
+    assert named in answer["message"], answer
+    status, answer = post(server, {"inputs": [PROMPT.replace("Anna", "x" * 100_000)], "params": {"max_new_tokens": 8}})
+    assert status == 400 and "context of 512 tokens" in answer["message"], answer
+
+
+def test_served_model_bounds_max_new_tokens_by_its_context(server):
+    status, answer = post(server, {"inputs": [PROMPT], "params": {"max_new_tokens": 1_000_000_000}})
+    assert status == 400, answer
+    assert "params.max_new_tokens 1000000000 leaves no room for a prompt in this model's context of 512 tokens" \
+        in answer["message"] and "at most 511" in answer["message"], answer
+
+
+def test_served_model_takes_at_most_its_batch_of_prompts(server):
+    """register.serve_batch_size, logged in the model's config, bounds a request."""
+    limit = yaml.safe_load((ROOT / "params.yaml").read_text())["register"]["serve_batch_size"]
+    status, answer = post(server, {"inputs": [PROMPT] * limit, "params": {"max_new_tokens": 2}})
+    assert status == 200 and len(answer["predictions"]) == limit, answer
+    status, answer = post(server, {"inputs": [PROMPT] * (limit + 1), "params": {"max_new_tokens": 2}})
+    assert status == 400, answer
+    named = f"inputs: {limit + 1} prompts; this model serves at most {limit} per request"
+    assert named in answer["message"], answer

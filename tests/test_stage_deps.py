@@ -14,11 +14,17 @@ PACKAGES = ("stages", "lora_pipeline")  # the project's code: every module under
 DVC_STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
-def stage_module(cmd: str) -> str:
-    """The module a stage's cmd runs: `python -m stages.X`, or `accelerate launch ... -m stages.X`."""
-    found = re.search(r"-m\s+([\w.]+)", cmd)
+def stage_modules(cmd: str) -> list[str]:
+    """The modules a stage's cmd runs: `python -m stages.X`, or a launcher's and the stage's
+    (`python -m lora_pipeline.stage_launch ... -m stages.X`)."""
+    found = re.findall(r"-m\s+([\w.]+)", cmd)
     assert found, f"no `-m <module>` in cmd {cmd!r}"
-    return found.group(1)
+    return found
+
+
+def cmd_files(root: Path, cmd: str) -> set[Path]:
+    """The project files a stage's cmd imports, through every module it runs."""
+    return set().union(*(reached_files(root, module) for module in stage_modules(cmd)))
 
 
 def module_file(root: Path, name: str) -> Path | None:
@@ -78,9 +84,9 @@ def has_code(root: Path, path: Path) -> bool:
     return bool(body) or path.name != "__init__.py"
 
 
-def required_files(root: Path, module: str) -> set[Path]:
-    """The files a stage running `module` must list in its deps."""
-    return {path for path in reached_files(root, module) if has_code(root, path)}
+def required_files(root: Path, cmd: str) -> set[Path]:
+    """The files a stage running `cmd` must list in its deps."""
+    return {path for path in cmd_files(root, cmd) if has_code(root, path)}
 
 
 def covers(dep: str, path: Path) -> bool:
@@ -103,21 +109,21 @@ def stage_deps(stage: str) -> list[str]:
 
 @pytest.mark.parametrize("stage", sorted(DVC_STAGES))
 def test_deps_list_every_module_the_stage_imports(stage):
-    required = required_files(ROOT, stage_module(DVC_STAGES[stage]["cmd"]))
+    required = required_files(ROOT, DVC_STAGES[stage]["cmd"])
     missing = missing_deps(stage_deps(stage), required)
     assert not missing, f"stage {stage}: dvc.yaml deps miss {', '.join(missing)}"
 
 
 @pytest.mark.parametrize("stage", sorted(DVC_STAGES))
 def test_deps_list_no_module_the_stage_cannot_import(stage):
-    reached = reached_files(ROOT, stage_module(DVC_STAGES[stage]["cmd"]))
+    reached = cmd_files(ROOT, DVC_STAGES[stage]["cmd"])
     stale = stale_deps(stage_deps(stage), reached)
     assert not stale, f"stage {stage}: dvc.yaml deps list {', '.join(stale)}, which it never imports"
 
 
 @pytest.mark.parametrize("stage", sorted(DVC_STAGES))
 def test_a_dropped_module_is_named(stage):
-    required = required_files(ROOT, stage_module(DVC_STAGES[stage]["cmd"]))
+    required = required_files(ROOT, DVC_STAGES[stage]["cmd"])
     dropped = sorted(str(path) for path in required)[-1]
     deps = [dep for dep in stage_deps(stage) if dep != dropped]
     assert dropped in missing_deps(deps, required)
@@ -140,7 +146,7 @@ RUN_BY = {
 def test_only_the_stages_that_run_a_data_module_depend_on_it(module):
     listing = {stage for stage in DVC_STAGES if any(covers(dep, Path(module)) for dep in stage_deps(stage))}
     running = {stage for stage in DVC_STAGES
-               if Path(module) in reached_files(ROOT, stage_module(DVC_STAGES[stage]["cmd"]))}
+               if Path(module) in cmd_files(ROOT, DVC_STAGES[stage]["cmd"])}
     assert listing == running == RUN_BY[module], f"{module}: listed by {sorted(listing)}, run by {sorted(running)}"
 
 
@@ -172,7 +178,7 @@ def test_closure_follows_lazy_relative_and_package_imports(tmp_path):
                        "lora_pipeline/lazy.py", "lora_pipeline/deep.py", "lora_pipeline/pkg/__init__.py",
                        "lora_pipeline/pkg/inner.py"}
     # empty or docstring-only package __init__.py files run nothing: not required
-    assert {str(path) for path in required_files(root, "stages.run")} == \
+    assert {str(path) for path in required_files(root, "python -m stages.run")} == \
         reached - {"stages/__init__.py", "lora_pipeline/__init__.py"}
     assert stale_deps(["stages/run.py", "lora_pipeline/unused.py", "data/raw"], set(map(Path, reached))) == \
         ["lora_pipeline/unused.py"]
@@ -180,4 +186,4 @@ def test_closure_follows_lazy_relative_and_package_imports(tmp_path):
 
 def test_a_package_init_with_code_is_required(tmp_path):
     root = write_tree(tmp_path, {**TREE, "stages/__init__.py": "import os\n"})
-    assert Path("stages/__init__.py") in required_files(root, "stages.run")
+    assert Path("stages/__init__.py") in required_files(root, "python -m stages.run")

@@ -1,0 +1,44 @@
+"""The names a run gives MLflow: the aliases register sets against MLflow's rules, the file store's stricter rule,
+and the filter that finds a registered model's versions whatever quote its name holds."""
+import pytest
+
+from helpers import shipped
+from lora_pipeline import mlflow_names
+from lora_pipeline.params import validate
+
+
+def register(**changes):
+    return validate(shipped(**{f"register.{key}": value for key, value in changes.items()})).register
+
+
+def test_the_aliases_register_sets_pass_mlflow_rules():
+    assert mlflow_names.mlflow_name_problems(register()) == []
+
+
+@pytest.mark.parametrize("alias, rule", [("latest", "reserved"), ("v2", "reserved"), ("best model", "Invalid alias")])
+def test_an_alias_mlflow_refuses_is_named(monkeypatch, alias, rule):
+    monkeypatch.setattr(mlflow_names, "ALIASES", (mlflow_names.CANDIDATE, alias))
+    problems = mlflow_names.mlflow_name_problems(register())
+    assert len(problems) == 1 and problems[0].startswith(f"the alias '{alias}' that register sets: ")
+    assert rule in problems[0]
+
+
+def test_a_file_store_refuses_a_percent_the_sqlite_store_takes(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert mlflow_names.mlflow_name_problems(register(model_name="top 5%")) == []
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "mlruns"))
+    [problem] = mlflow_names.mlflow_name_problems(register(model_name="top 5%"))
+    assert problem.startswith("register.model_name: ") and "cannot contain '%'" in problem
+
+
+@pytest.mark.parametrize("name", ["it's mine", 'the "best" one', "plain"])
+def test_versions_are_found_by_a_name_with_either_quote(tmp_path, name):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                          registry_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client.create_registered_model(name)
+    client.create_model_version(name, str(tmp_path), tags={"model_md5": "abc"})
+    client.create_registered_model(name + " 2")
+    [version] = client.search_model_versions(mlflow_names.name_filter(name))
+    assert version.name == name and version.tags["model_md5"] == "abc"
