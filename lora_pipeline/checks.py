@@ -67,11 +67,20 @@ def most_rows(data) -> tuple[int, str] | None:
     bounds = []
     if data.source == "builtin":
         bounds.append((data.builtin_rows, "data.builtin_rows"))
-    if data.source == "local" and Path(data.name).is_file() and (rows := local_rows(Path(data.name))) is not None:
+    if data.source == "local" and local_file_ok(data) and (rows := local_rows(Path(data.name))) is not None:
         bounds.append((rows, f"the rows of data.name {data.name}"))
     if data.max_rows:
         bounds.append((data.max_rows, "data.max_rows"))
     return min(bounds, key=lambda bound: bound[0]) if bounds else None
+
+
+def local_file_ok(data) -> bool:
+    """Whether check_data accepts the local file (a file outside the repository is never read, not even counted)."""
+    try:
+        check_data(data)
+        return True
+    except (ValueError, OSError):
+        return False
 
 
 def check_split(data, split) -> None:

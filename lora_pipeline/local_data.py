@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+from lora_pipeline.formats import json_rows
+
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
 LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
 
@@ -19,6 +21,11 @@ def check_data(data) -> None:
         if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(LOCAL_DIR)):
             raise ValueError(f"data.name: local data files live under {LOCAL_DIR}/ (a dependency of fetch, so "
                              f"editing one re-runs it); move {path} there")
+        if path.is_symlink() or any(parent.is_symlink() for parent in path.parents):
+            target = path.resolve()
+            if not target.is_relative_to(Path.cwd().resolve()):  # stages run at the repository's root
+                raise ValueError(f"data.name: {path} is a link to {target}, outside the repository; copy the file "
+                                 f"into {LOCAL_DIR}/")
         if not path.is_file():
             raise FileNotFoundError(f"data.name: local data file {path} does not exist")
         if path.suffix not in LOCAL_FORMATS:
@@ -37,9 +44,12 @@ def local_rows(path: Path) -> int | None:
         if path.suffix in (".csv", ".tsv"):
             table = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix == ".tsv" else ","))
             return sum(1 for cells in table[1:] if cells)
-        if path.suffix == ".json" and text.lstrip().startswith("["):
-            rows = json.loads(text)
-            return len(rows) if isinstance(rows, list) else None
+        if path.suffix == ".json" and text.lstrip()[:1] in ("[", "{"):
+            try:
+                return len(json_rows(json.loads(text)))
+            except json.JSONDecodeError:
+                if not text.lstrip().startswith("{"):
+                    raise  # else JSON Lines in a .json file: counted by lines below
         return sum(1 for line in text.split("\n") if line.strip())
     except Exception:  # not UTF-8, not JSON, a damaged Parquet file, a csv error: fetch's to report
         return None

@@ -97,8 +97,9 @@ class Data(_Section):
     name: str
     revision: str
     hub_split: str
-    format: Literal["auto", "messages", "prompt_completion", "sharegpt", "alpaca"]
+    format: Literal["auto", "messages", "prompt_completion", "sharegpt", "alpaca", "text"]
     columns: dict[str, str]
+    preference: Literal["refuse", "chosen_only"]
     builtin_rows: int = Field(ge=10)
     builtin_seed: int
     max_rows: int = Field(ge=0)
