@@ -375,3 +375,92 @@ def test_a_label_false_answer_never_becomes_a_target(tmp_path, monkeypatch, conv
                  preference="chosen_only")
     with pytest.raises(DataError, match=r"row 4: label: must be true or false, got 'yes'"):
         load_rows(data)
+
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+
+def tool_messages(i: int) -> list[dict]:
+    """What a tool-calling row becomes: the call (arguments as JSON text), the tool's answer, the final answer."""
+    return [msg("user", f"weather {i}?"), {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            msg("tool", '{"temp": 21}'), msg("assistant", f"21 degrees {i}")]
+
+
+# Rows as their authors write them (TRL's guide, the OpenAI chat API, LLaMA-Factory's and axolotl's files), and
+# the row each becomes.
+AUTHORED = {
+    "trl text": (lambda i: {"text": f"The sky is blue {i}."}, lambda i: {"text": f"The sky is blue {i}."}, "text"),
+    "openai content parts": (
+        lambda i: {"messages": [{"role": "user", "content": [{"type": "text", "text": f"question {i}"},
+                                                             {"type": "text", "text": "please"}]},
+                                {"role": "assistant", "content": [{"type": "text", "text": f"answer {i}"}]}]},
+        lambda i: {"messages": [msg("user", f"question {i}\nplease"), msg("assistant", f"answer {i}")]}, "messages"),
+    "openai tool calls": (
+        lambda i: {"messages": [msg("user", f"weather {i}?"),
+                                {"role": "assistant", "content": None,
+                                 "tool_calls": [{"id": "call_1", "type": "function",
+                                                 "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                                {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+                                msg("assistant", f"21 degrees {i}")],
+                   "tools": [{"type": "function", "function": WEATHER}]},
+        lambda i: {"messages": [tool_messages(i)[0], {**tool_messages(i)[1], "tool_calls": [{**CALL, "id": "call_1"}]},
+                                {**tool_messages(i)[2], "tool_call_id": "call_1"}, tool_messages(i)[3]],
+                   "tools": [{"type": "function", "function": WEATHER}]}, "messages"),
+    "llama-factory sharegpt tools": (
+        lambda i: {"conversations": [{"from": "human", "value": f"weather {i}?"},
+                                     {"from": "function_call",
+                                      "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
+                                     {"from": "observation", "value": '{"temp": 21}'},
+                                     {"from": "gpt", "value": f"21 degrees {i}"}],
+                   "system": "be brief", "tools": json.dumps([WEATHER])},
+        lambda i: {"messages": [msg("system", "be brief"), *tool_messages(i)],
+                   "tools": [{"type": "function", "function": WEATHER}]}, "sharegpt"),
+    "llama-factory alpaca history": (
+        lambda i: {"instruction": f"question {i}", "input": "", "output": f"answer {i}", "system": "be brief",
+                   "history": [["hello", "hi"], ["how are you?", "fine"]]},
+        lambda i: {"messages": [msg("system", "be brief"), msg("user", "hello"), msg("assistant", "hi"),
+                                msg("user", "how are you?"), msg("assistant", "fine"), *qa(i)]}, "alpaca"),
+}
+
+
+@pytest.mark.parametrize("case", AUTHORED)
+def test_formats_are_read_as_their_authors_mean_them(tmp_path, monkeypatch, case):
+    written, expected, data_format = AUTHORED[case]
+    data = local(tmp_path, monkeypatch, "rows.jsonl", jsonl(*[written(i) for i in range(3)]))
+    assert load_data(data) == ([expected(i) for i in range(3)], {"rows_in": 3, "rows_kept": 3, "dropped": {}},
+                               data_format)
+
+
+@pytest.mark.parametrize("shape", ["array", "one row", "a key holding the rows", "json lines"])
+def test_a_json_file_holds_an_array_one_object_or_a_key_holding_the_rows(tmp_path, monkeypatch, shape):
+    rows, expected = good_rows("sharegpt", 3)
+    text = {"array": json.dumps(rows, indent=2), "one row": json.dumps(rows[0], indent=2),
+            "a key holding the rows": json.dumps({"version": 1, "data": rows}, indent=2), "json lines": jsonl(*rows)}
+    data = local(tmp_path, monkeypatch, "rows.json", text[shape])
+    assert load_rows(data)[0] == (expected[:1] if shape == "one row" else expected)
+    from lora_pipeline.local_data import local_rows
+
+    assert local_rows(Path(data.name)) == (1 if shape == "one row" else 3)
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"messages": [msg("user", "a"), {"role": "assistant", "content": None}]},
+     r"messages\[1\]\.content: must be a string, got NoneType"),
+    ({"messages": [msg("user", "a"), {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                   msg("assistant", "b")]},
+     r"messages\[2\]\.role: 'assistant' follows 'assistant'; an assistant turn that calls tools is followed by their "
+     r"tool turns"),
+    ({"messages": [msg("user", "a"), msg("tool", "b"), msg("assistant", "c")]},
+     r"messages\[1\]\.role: 'tool' follows 'user'; user and assistant turns must alternate"),
+    ({"messages": [msg("user", "a"), {"role": "assistant", "content": None, "tool_calls": [{"arguments": "{}"}]}]},
+     r"messages\[1\]\.tool_calls: each call needs a function name"),
+    ({"conversations": [{"from": "human", "value": "a"}, {"from": "function_call", "value": "get_weather("}]},
+     r"conversations\[1\]\.value: a function_call must be JSON text"),
+    ({"messages": qa(7), "tools": "[{"}, r"tools: text that is not valid JSON"),
+])
+def test_tool_calls_that_cannot_be_read_are_named(tmp_path, monkeypatch, bad, fragment):
+    data = local(tmp_path, monkeypatch, "rows.jsonl", jsonl(bad))
+    with pytest.raises(DataError, match=rf"^data/local/rows\.jsonl row 1: {fragment}"):
+        load_rows(data)
