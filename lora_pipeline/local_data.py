@@ -35,21 +35,42 @@ def check_data(data) -> None:
 def local_rows(path: Path) -> int | None:
     """How many rows fetch will read from a local data file, before any is checked; None where it cannot be read
     (fetch then names why)."""
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # a damaged Parquet file: fetch's to report
+            return None
+    rows = local_objects(path)
+    return None if rows is None else len(rows)
+
+
+def local_objects(path: Path) -> list | None:
+    """A local data file's rows as parsed, unchecked (a line that is not JSON: None in its place); None where the
+    file cannot be read (fetch then names why). validate's view of a file: fetch reads it with lora_pipeline.data."""
     try:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            return pq.ParquetFile(path).metadata.num_rows
+            return pq.read_table(path).to_pylist()
         text = path.read_bytes().decode("utf-8-sig")
         if path.suffix in (".csv", ".tsv"):
             table = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix == ".tsv" else ","))
-            return sum(1 for cells in table[1:] if cells)
+            return [dict(zip(table[0], cells)) for cells in table[1:] if cells]
         if path.suffix == ".json" and text.lstrip()[:1] in ("[", "{"):
             try:
-                return len(json_rows(json.loads(text)))
+                return json_rows(json.loads(text))
             except json.JSONDecodeError:
                 if not text.lstrip().startswith("{"):
-                    raise  # else JSON Lines in a .json file: counted by lines below
-        return sum(1 for line in text.split("\n") if line.strip())
+                    raise  # else JSON Lines in a .json file: read by lines below
+        return [_json_or_none(line) for line in text.split("\n") if line.strip()]
     except Exception:  # not UTF-8, not JSON, a damaged Parquet file, a csv error: fetch's to report
+        return None
+
+
+def _json_or_none(line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
         return None

@@ -271,7 +271,7 @@ class Register(_Section):
     experiment: str
     log_mode: Literal["merged", "adapter"]
     gate_metric: str
-    gate_greater_is_better: bool
+    gate_greater_is_better: bool | Literal["auto"]
 
 
 # The section is called `register` in params.yaml; the name only shadows ABCMeta.register, which is unused.

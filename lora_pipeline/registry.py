@@ -17,7 +17,7 @@ from mlflow.exceptions import MlflowException
 
 from lora_pipeline import dvcfiles, serving, tracking
 from lora_pipeline.params import flat_keys
-from lora_pipeline.stage_outputs import METRICS
+from lora_pipeline.stage_outputs import METRICS, gate
 
 
 def lock_provenance(root: Path) -> tuple[dict, dict]:
@@ -192,8 +192,8 @@ def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_
             version = register_version(client, reg.model_name, info, {"model_md5": model_md5})
         client.update_model_version(reg.model_name, version.version,
                                     describe(run_params, metrics, tags["git_commit"]))
-        decision = champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
-                                     reg.gate_greater_is_better)
+        metric, greater_is_better = gate(reg, params.data.source)
+        decision = champion_decision(client, reg.model_name, metric, metrics[metric], greater_is_better)
         client.set_registered_model_alias(reg.model_name, "candidate", version.version)
         if decision["promote"]:
             client.set_registered_model_alias(reg.model_name, "champion", version.version)
