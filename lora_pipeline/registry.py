@@ -109,14 +109,15 @@ def champion_decision(client: MlflowClient, model_name: str, metric: str, value:
     try:
         champion = client.get_model_version_by_alias(model_name, "champion")
     except mlflow.exceptions.MlflowException:
-        return {"promote": True, "reason": "no champion yet", "champion_version": None, "champion_value": None}
+        return {"promote": True, "reason": "no champion yet", "metric": metric, "champion_version": None,
+                "champion_value": None}
     current = client.get_run(champion.run_id).data.metrics.get(metric)
     if current is None:
         better = True
     else:
         better = value > current if greater_is_better else value < current
     verdict = "beats" if better else "does not beat"
-    return {"promote": better, "champion_version": champion.version, "champion_value": current,
+    return {"promote": better, "metric": metric, "champion_version": champion.version, "champion_value": current,
             "reason": f"{metric} {value:.4g} {verdict} champion v{champion.version}'s {current}"}
 
 
