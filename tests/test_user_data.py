@@ -4,11 +4,11 @@ fetched and split as its authors mean it; preference rows are refused or read fo
 tool-calling file trains with its tools in the chat template; an Alpaca file trains and registers, gated on the
 held-out loss."""
 import json
+import subprocess
 
 import pytest
 
-from conftest import copy_repo, run, set_params
-from test_fetch import failed_repro
+from conftest import copy_repo, run, run_env, set_params
 
 pytestmark = pytest.mark.e2e  # every test here runs DVC
 
@@ -71,6 +71,14 @@ FILES = {
         "chosen": {"from": "gpt", "value": f"River {i}."}, "rejected": {"from": "gpt", "value": f"REJECTED {i}"}},
         {"data.preference": "chosen_only"}, "sharegpt"),
 }
+
+
+def failed_repro(repo, *args) -> str:
+    """The output of a `dvc repro` that must fail, with no traceback."""
+    proc = subprocess.run(["dvc", "repro", *args], cwd=repo, env=run_env(), capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in output, output
+    return output
 
 
 def write_file(repo, name: str, rows: list) -> str:
