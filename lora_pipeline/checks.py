@@ -11,8 +11,9 @@ from pathlib import Path
 from lora_pipeline import dvcfiles
 from lora_pipeline.cache import cached
 from lora_pipeline.eval_checks import check_eval, check_gate_metric, check_register
-from lora_pipeline.formats import check_format
-from lora_pipeline.local_data import check_data, local_rows
+from lora_pipeline.formats import Converter, FormatError, check_format
+from lora_pipeline.local_data import check_data, local_objects, local_rows
+from lora_pipeline.metrics import asks_reasoning_language
 from lora_pipeline.machine import check_eval_launch, check_machine, distributed_type
 from lora_pipeline.mlflow_names import check_mlflow_names
 from lora_pipeline.model_checks import (check_base_model, check_packed_experts, check_quantization, check_save_format,
@@ -20,7 +21,7 @@ from lora_pipeline.model_checks import (check_base_model, check_packed_experts, 
 from lora_pipeline.modeling import check_model
 from lora_pipeline.params import ROOT, Params, ParamsError, for_stage, validate
 from lora_pipeline.splitting import split_problem
-from lora_pipeline.stage_outputs import STAGE_OWNED_SFT_FIELDS
+from lora_pipeline.stage_outputs import HELD_OUT_GATE, REASONING_FIGURES, STAGE_OWNED_SFT_FIELDS, gate
 
 
 def validate_all(raw: dict, root: Path = ROOT) -> Params:
@@ -49,7 +50,8 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
         lambda: check_eval_launch(view.eval, root),
         lambda: check_register(view.register),
         lambda: check_mlflow_names(view.register),
-        lambda: check_gate_metric(view.register, view.eval),
+        lambda: check_gate_metric(view.register, view.eval, view.data.source),
+        lambda: check_gate_data(view.register, view.data),
     ]
     problems = []
     for check in checks:
@@ -63,17 +65,52 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
     return view
 
 
+def check_gate_data(register, data) -> None:
+    """A reasoning figure (compliance, the final answer's language, the built-in accuracy) gates only data whose rows
+    ask for a reasoning language; a local file is read to know it (a Hub data set is known only once fetched)."""
+    metric, _ = gate(register, data.source)
+    if metric.startswith(REASONING_FIGURES) and data.source == "local" and not local_rows_ask_reasoning(data):
+        raise ValueError(f"register.gate_metric: '{metric}' needs rows that ask for a reasoning language, and no row "
+                         f"of {data.name} does; gate on the held-out loss ({HELD_OUT_GATE}, or auto)")
+
+
+def local_rows_ask_reasoning(data) -> bool:
+    """Whether a row of the local data file asks for a reasoning language (True where the file cannot be read:
+    check_data or fetch names why)."""
+    rows = local_objects(Path(data.name)) if local_file_ok(data) else None
+    if rows is None:
+        return True
+    converter = Converter(data.format, data.columns, "file", "chosen_only")
+    for number, row in enumerate(rows, 1):
+        try:
+            converted, _ = converter.convert(number, row, text_cells=Path(data.name).suffix in (".csv", ".tsv"))
+        except FormatError:
+            return True  # fetch names the row
+        if isinstance(converted, dict) and asks_reasoning_language(converted):
+            return True
+    return False
+
+
 def most_rows(data) -> tuple[int, str] | None:
     """The most rows fetch can yield, known before it runs, and the key that sets that bound: data.builtin_rows,
     the rows of a local data file (data.name), data.max_rows of any source."""
     bounds = []
     if data.source == "builtin":
         bounds.append((data.builtin_rows, "data.builtin_rows"))
-    if data.source == "local" and Path(data.name).is_file() and (rows := local_rows(Path(data.name))) is not None:
+    if data.source == "local" and local_file_ok(data) and (rows := local_rows(Path(data.name))) is not None:
         bounds.append((rows, f"the rows of data.name {data.name}"))
     if data.max_rows:
         bounds.append((data.max_rows, "data.max_rows"))
     return min(bounds, key=lambda bound: bound[0]) if bounds else None
+
+
+def local_file_ok(data) -> bool:
+    """Whether check_data accepts the local file (a file outside the repository is never read, not even counted)."""
+    try:
+        check_data(data)
+        return True
+    except (ValueError, OSError):
+        return False
 
 
 def check_split(data, split) -> None:

@@ -8,9 +8,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from lora_pipeline.formats import Converter, FormatError, Rename, check_format
+from lora_pipeline.formats import NOT_TARGETS, Converter, FormatError, Rename, check_format, json_rows
 from lora_pipeline.local_data import check_data
-from lora_pipeline.rows import DataError, Problem, conversation_chars, messages_key, row_problem
+from lora_pipeline.rows import DataError, Problem, conversation_chars, row_key, row_problem
 
 
 @dataclass
@@ -48,7 +48,7 @@ def read_source(data_params) -> tuple[str, list[SourceRow], str]:
     except FormatError as exc:
         raise DataError(str(exc)) from None
     noun = "data set" if data_params.source == "hub" else "file"
-    converter = Converter(data_params.format, data_params.columns, noun)
+    converter = Converter(data_params.format, data_params.columns, noun, data_params.preference)
     if data_params.source == "hub":
         import datasets
 
@@ -81,10 +81,9 @@ def read_local(path: Path, label: str, converter: Converter | None = None) -> li
         text = _utf8_text(path, label)
         if path.suffix in (".csv", ".tsv"):
             rows = _csv_rows(text, label, "\t" if path.suffix == ".tsv" else ",", converter)
-        elif path.suffix == ".json" and text.lstrip().startswith("["):
-            rows = _json_array_rows(text, label)
         else:
-            rows = _json_lines_rows(text)
+            whole = _json_rows(text, label) if path.suffix == ".json" and text.lstrip()[:1] in ("[", "{") else None
+            rows = _json_lines_rows(text) if whole is None else whole
     if not rows:
         raise DataError(f"{label}: has no rows")
     return as_messages(rows, label, converter, text_cells=path.suffix in (".csv", ".tsv"))
@@ -127,12 +126,16 @@ def _json_lines_rows(text: str) -> list[SourceRow]:
     return rows
 
 
-def _json_array_rows(text: str, label: str) -> list[SourceRow]:
+def _json_rows(text: str, label: str) -> list[SourceRow] | None:
+    """The rows of a .json file holding an array, or one object (a row, or a key holding the rows); None for JSON
+    Lines in a .json file."""
     try:
-        rows = json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
+        if text.lstrip().startswith("{") and exc.msg == "Extra data":  # an object a line: JSON Lines
+            return None
         raise DataError(f"{label} line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    return [SourceRow(i, row) for i, row in enumerate(rows, 1)]
+    return [SourceRow(i, row) for i, row in enumerate(json_rows(value), 1)]
 
 
 def _csv_rows(text: str, label: str, delimiter: str, converter: Converter) -> list[SourceRow]:
@@ -175,7 +178,7 @@ def clean_rows(source_rows: list[SourceRow], label: str, bad_rows: str, max_char
             problem = problem._replace(detail=source_row.rename(problem.detail))
         if problem is None:
             kept.append(source_row.row)
-        elif bad_rows == "fail":
+        elif bad_rows == "fail" and problem.reason not in NOT_TARGETS:
             raise DataError(f"{source_row.where(label)}: {problem.detail}; {way_on(problem.reason)}")
         else:
             dropped[problem.reason] += 1
@@ -205,9 +208,11 @@ def _problem(source_row: SourceRow, max_chars: int, first_seen: dict) -> Problem
         return problem
     chars = conversation_chars(row)
     if max_chars and chars > max_chars:
-        return Problem("too_long", f"messages: {chars} characters of text, over data.max_chars {max_chars}")
-    key = messages_key(row["messages"])
+        return Problem("too_long", f"{'messages' if 'messages' in row else 'text'}: {chars} characters of text, "
+                                   f"over data.max_chars {max_chars}")
+    key = row_key(row)
     if key in first_seen:
-        return Problem("duplicate", f"messages: the same conversation as row {first_seen[key]}")
+        return Problem("duplicate", f"{'messages' if 'messages' in row else 'text'}: the same conversation as row "
+                                    f"{first_seen[key]}")
     first_seen[key] = source_row.number
     return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from lora_pipeline.languages import LANGUAGE_NAMES
 from lora_pipeline.metrics import eval_figures, loss_figures, mgsm_files
 from lora_pipeline.params import flat_keys
-from lora_pipeline.stage_outputs import METRICS
+from lora_pipeline.stage_outputs import METRICS, gate
 
 
 def check_eval(ev) -> None:
@@ -19,6 +19,8 @@ def check_eval(ev) -> None:
 
 
 def check_register(register) -> None:
+    if register.gate_metric == "auto":
+        return
     stage = register.gate_metric.split(".")[0]
     if stage not in METRICS:
         *first, last = [f"{prefix}." for prefix in METRICS]
@@ -40,10 +42,12 @@ def eval_metric_keys(ev) -> list[str]:
     return [key for key in figures if key not in NOT_GATES]
 
 
-def check_gate_metric(register, ev) -> None:
+def check_gate_metric(register, ev, data_source: str) -> None:
     """An eval. gate metric must be a figure that evaluate writes with these params (train. and merge. figures are
-    checked by register against the metrics files)."""
-    stage, _, key = register.gate_metric.partition(".")
+    checked by register against the metrics files; the data a reasoning figure needs, by checks.check_gate_data)."""
+    metric, _ = gate(register, data_source)
+    stage, _, key = metric.partition(".")
     if stage == "eval" and key not in (known := eval_metric_keys(ev)):
-        raise ValueError(f"register.gate_metric: '{register.gate_metric}' is not a figure that evaluate writes with "
+        raise ValueError(f"register.gate_metric: '{metric}' is not a figure that evaluate writes with "
                          f"these eval params; allowed: {['eval.' + k for k in known]}")
+

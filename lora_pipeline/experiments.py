@@ -119,14 +119,16 @@ def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
 def main() -> None:
     from lora_pipeline.params import load_params
 
-    register = load_params("register").register
+    from lora_pipeline.stage_outputs import gate
+
+    params = load_params("register")
     shown = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], capture_output=True, text=True)
     if shown.returncode != 0:
         sys.exit(f"`dvc exp show --json` failed:\n{shown.stderr.strip()}")
     rows = experiment_rows(json.loads(shown.stdout))
     if not rows:
         sys.exit("no experiments with metrics yet: run `dvc repro` or `dvc exp run` first")
-    print(table(rows, register.gate_metric, register.gate_greater_is_better))
+    print(table(rows, *gate(params.register, params.data.source)))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,12 @@ from lora_pipeline.metrics import loss_figures
 from lora_pipeline.modeling import experts_implementation, loss_attention
 
 
-def assistant_mask(tokenizer, messages: list[dict], max_length: int) -> tuple[list[int], list[int]]:
+def assistant_mask(tokenizer, messages: list[dict] | str, max_length: int) -> tuple[list[int], list[int]]:
     """Token ids of a conversation and a 0/1 mask of its assistant tokens (all ones if the template has no
-    {% generation %} markers, as the real models' templates often do not)."""
+    {% generation %} markers, as the real models' templates often do not, and for a text row, given as a string)."""
+    if isinstance(messages, str):
+        ids = tokenizer(messages)["input_ids"][:max_length]
+        return ids, [1] * len(ids)
     encoded = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
                                             return_assistant_tokens_mask=True)
     ids = list(encoded["input_ids"])[:max_length]

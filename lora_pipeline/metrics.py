@@ -73,21 +73,37 @@ def read_mgsm(path: str, lang: str, limit: int) -> list[dict]:
     return [{"question": q, "answer": float(a.replace(",", ""))} for q, a in rows[:limit]]
 
 
+def asks_reasoning_language(row: dict) -> bool:
+    """Whether a row asks for a reasoning language (as the built-in rows and Multilingual-Thinking's do)."""
+    return bool(row.get("reasoning_language")) or any(
+        m["role"] in ("system", "developer") and (m.get("content") or "").lower().startswith("reasoning language:")
+        for m in row.get("messages", []))
+
+
 def loss_figures(total: float, count: int) -> dict:
     """The held-out loss figures from the summed loss over `count` tokens."""
     loss = total / max(count, 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": count}
 
 
+# The compliance figures of data whose rows ask for no reasoning language: not measured, rather than 0.
+NOT_APPLICABLE = "not applicable: no held-out row asks for a reasoning language"
+
+
 def eval_figures(languages: list[str], loss: dict, heldout: list[dict], mgsm: dict[str, list[bool]],
                  demo_reasoning: str | None) -> dict:
     """One model's figures in metrics/eval.json, as evaluate writes them: from the held-out loss (loss_figures), the
-    generation records of the held-out questions (each asked once per language of `languages`), whether each MGSM
+    generation records of the held-out questions (each that asks for a reasoning language asked once per language
+    of `languages`; compliance is NOT_APPLICABLE where none does), whether each MGSM
     answer was right, per language, and the detected language of the demo's reasoning."""
-    questions = len(heldout) // len(languages)
-    compliance = {lang: sum(r["reasoning_detected"] == lang for r in heldout if r["reasoning_language"] == lang)
-                  / questions for lang in languages}
-    compliance["overall"] = sum(r["reasoning_detected"] == r["reasoning_language"] for r in heldout) / len(heldout)
+    asked = [r for r in heldout if "reasoning_language" in r]  # the rows that ask for a reasoning language
+    if asked:
+        questions = len(asked) // len(languages)
+        compliance = {lang: sum(r["reasoning_detected"] == lang for r in asked if r["reasoning_language"] == lang)
+                      / questions for lang in languages}
+        compliance["overall"] = sum(r["reasoning_detected"] == r["reasoning_language"] for r in asked) / len(asked)
+    else:
+        compliance = NOT_APPLICABLE
     figures = {"test": loss, "compliance": compliance}
     with_user_lang = [r for r in heldout if "user_language" in r]
     if with_user_lang:

@@ -97,8 +97,9 @@ class Data(_Section):
     name: str
     revision: str
     hub_split: str
-    format: Literal["auto", "messages", "prompt_completion", "sharegpt", "alpaca"]
+    format: Literal["auto", "messages", "prompt_completion", "sharegpt", "alpaca", "text"]
     columns: dict[str, str]
+    preference: Literal["refuse", "chosen_only"]
     builtin_rows: int = Field(ge=10)
     builtin_seed: int
     max_rows: int = Field(ge=0)
@@ -270,7 +271,7 @@ class Register(_Section):
     experiment: str
     log_mode: Literal["merged", "adapter"]
     gate_metric: str
-    gate_greater_is_better: bool
+    gate_greater_is_better: bool | Literal["auto"]
     serve_batch_size: int = Field(ge=1)
 
 

@@ -18,7 +18,7 @@ from mlflow.exceptions import MlflowException
 from lora_pipeline import dvcfiles, serving, tracking
 from lora_pipeline.mlflow_names import CANDIDATE, CHAMPION, name_filter
 from lora_pipeline.params import flat_keys
-from lora_pipeline.stage_outputs import METRICS
+from lora_pipeline.stage_outputs import METRICS, gate
 
 
 def lock_provenance(root: Path) -> tuple[dict, dict]:
@@ -110,14 +110,15 @@ def champion_decision(client: MlflowClient, model_name: str, metric: str, value:
     try:
         champion = client.get_model_version_by_alias(model_name, CHAMPION)
     except mlflow.exceptions.MlflowException:
-        return {"promote": True, "reason": "no champion yet", "champion_version": None, "champion_value": None}
+        return {"promote": True, "reason": "no champion yet", "metric": metric, "champion_version": None,
+                "champion_value": None}
     current = client.get_run(champion.run_id).data.metrics.get(metric)
     if current is None:
         better = True
     else:
         better = value > current if greater_is_better else value < current
     verdict = "beats" if better else "does not beat"
-    return {"promote": better, "champion_version": champion.version, "champion_value": current,
+    return {"promote": better, "metric": metric, "champion_version": champion.version, "champion_value": current,
             "reason": f"{metric} {value:.4g} {verdict} champion v{champion.version}'s {current}"}
 
 
@@ -195,8 +196,8 @@ def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_
             version = register_version(client, reg.model_name, info, {"model_md5": model_md5})
         client.update_model_version(reg.model_name, version.version,
                                     describe(run_params, metrics, tags["git_commit"]))
-        decision = champion_decision(client, reg.model_name, reg.gate_metric, metrics[reg.gate_metric],
-                                     reg.gate_greater_is_better)
+        metric, greater_is_better = gate(reg, params.data.source)
+        decision = champion_decision(client, reg.model_name, metric, metrics[metric], greater_is_better)
         client.set_registered_model_alias(reg.model_name, CANDIDATE, version.version)
         if decision["promote"]:
             client.set_registered_model_alias(reg.model_name, CHAMPION, version.version)

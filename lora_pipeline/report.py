@@ -10,11 +10,12 @@ from lora_pipeline.outputs import write_text
 
 def write_compliance(compliance: dict, path: Path) -> None:
     """One model's compliance per language as a CSV (language, compliance) for `dvc plots`, one file per model
-    (plots/compliance/<model>.csv) so the plots tell base and fine-tuned apart; a header alone if not evaluated."""
+    (plots/compliance/<model>.csv) so the plots tell base and fine-tuned apart; a header alone if not evaluated or
+    not applicable."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["language", "compliance"])
-    writer.writerows(compliance.items())
+    writer.writerows(compliance.items() if isinstance(compliance, dict) else [])
     write_text(path, text.getvalue())
 
 
@@ -28,6 +29,11 @@ def _loss(ax, loss_log: Path) -> None:
 
 
 def _compliance(ax, results: dict) -> None:
+    results = {name: metrics for name, metrics in results.items() if isinstance(metrics.get("compliance"), dict)}
+    if not results:  # the rows ask for no reasoning language
+        ax.text(0.5, 0.5, "not applicable:\nno held-out row asks\nfor a reasoning language", ha="center", va="center")
+        ax.set(title="Reasoning in the asked language")
+        return
     languages = list(next(iter(results.values()))["compliance"])
     width = 0.8 / len(results)
     for i, (name, metrics) in enumerate(sorted(results.items())):

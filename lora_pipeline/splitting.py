@@ -2,7 +2,7 @@
 of train rows that ask what a test row asks."""
 from __future__ import annotations
 
-from lora_pipeline.rows import DataError, messages_key
+from lora_pipeline.rows import DataError, messages_key, row_key
 
 
 def split_rows(rows: list[dict], test_size: float, seed: int) -> tuple[list[dict], list[dict]]:
@@ -21,7 +21,10 @@ def split_rows(rows: list[dict], test_size: float, seed: int) -> tuple[list[dict
 
 
 def prompt_key(row: dict) -> str:
-    """What a model is asked in a row: every message before its last assistant turn, as canonical JSON."""
+    """What a model is asked in a row: every message before its last assistant turn, as canonical JSON (a text row:
+    its text)."""
+    if "messages" not in row:
+        return row_key(row)
     messages = row["messages"]
     last_assistant = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
     return messages_key(messages[:last_assistant])

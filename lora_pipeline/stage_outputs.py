@@ -27,3 +27,22 @@ def train_sft_args(output_dir: Path, checkpoint_steps: int, on_gpu: bool) -> dic
 
 # Fields train.sft may not set: the train stage would override them.
 STAGE_OWNED_SFT_FIELDS = frozenset(train_sft_args(Path(), 0, False))
+
+
+# The default gate: the built-in task's measure (reasoning in the asked language) on its data, the held-out loss on
+# any other, which every data set has.
+BUILTIN_GATE, HELD_OUT_GATE = "eval.compliance.overall", "eval.test.loss"
+# Figures only rows that ask for a reasoning language (and the built-in rows' answers) yield.
+REASONING_FIGURES = ("eval.compliance.", "eval.final_language_rate", "eval.accuracy.builtin")
+
+
+def gate(register, data_source: str) -> tuple[str, bool]:
+    """(register.gate_metric, register.gate_greater_is_better) as they apply to this data: auto is the built-in
+    data's compliance, other data's held-out loss; auto direction: lower is better for a loss or perplexity."""
+    metric = register.gate_metric
+    if metric == "auto":
+        metric = BUILTIN_GATE if data_source == "builtin" else HELD_OUT_GATE
+    greater = register.gate_greater_is_better
+    if greater == "auto":
+        greater = not metric.endswith(("loss", "perplexity"))
+    return metric, greater

@@ -8,7 +8,8 @@ import torch
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, decoders, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from lora_pipeline.chat import CHATML_SPECIAL_TOKENS, CHATML_THINK_TEMPLATE, HARMONY_SPECIAL_TOKENS, HARMONY_TEMPLATE
+from lora_pipeline.chat import (CHATML_SPECIAL_TOKENS, CHATML_THINK_TEMPLATE, CHATML_TOOLS_TEMPLATE,
+                                HARMONY_SPECIAL_TOKENS, HARMONY_TEMPLATE, HARMONY_TOOLS_TEMPLATE, uses_tools)
 from lora_pipeline.mxfp4 import MXFP4_BLOCK
 
 # Qwen2Tokenizer rebuilds its pre-tokenizer from this regex whatever tokenizer.json says, so the BPE is
@@ -17,15 +18,18 @@ QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
                            r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 FAMILIES = {
-    "tiny-qwen2": dict(template=CHATML_THINK_TEMPLATE, special=CHATML_SPECIAL_TOKENS, tokenizer_class="Qwen2Tokenizer",
+    "tiny-qwen2": dict(template=CHATML_THINK_TEMPLATE, tools_template=CHATML_TOOLS_TEMPLATE,
+                       special=CHATML_SPECIAL_TOKENS, tokenizer_class="Qwen2Tokenizer",
                        eos=["<|im_end|>", "<|endoftext|>"], pad="<|endoftext|>"),
-    "tiny-gpt-oss": dict(template=HARMONY_TEMPLATE, special=HARMONY_SPECIAL_TOKENS,
-                         tokenizer_class="PreTrainedTokenizerFast", eos=["<|return|>", "<|end|>"], pad="<|endoftext|>"),
+    "tiny-gpt-oss": dict(template=HARMONY_TEMPLATE, tools_template=HARMONY_TOOLS_TEMPLATE,
+                         special=HARMONY_SPECIAL_TOKENS, tokenizer_class="PreTrainedTokenizerFast",
+                         eos=["<|return|>", "<|end|>"], pad="<|endoftext|>"),
 }
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, family: str, out_dir: Path):
-    """Train a byte-level BPE on `texts`, save it with the family's chat template, and load it back."""
+def train_tokenizer(texts: list[str], vocab_size: int, family: str, out_dir: Path, tools: bool = False):
+    """Train a byte-level BPE on `texts`, save it with the family's chat template (the one that renders tools, for
+    data that holds them), and load it back."""
     spec = FAMILIES[family]
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -39,7 +43,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, family: str, out_dir: Pat
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=spec["eos"][0], pad_token=spec["pad"],
                                    unk_token=None, additional_special_tokens=spec["special"])
-    fast.chat_template = spec["template"]
+    fast.chat_template = spec["tools_template" if tools else "template"]
     out_dir.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out_dir)
     config_path = out_dir / "tokenizer_config.json"
@@ -176,7 +180,7 @@ def build_tiny(family: str, rows: list[dict], tiny, out_dir: Path) -> list[float
     from transformers import GenerationConfig
 
     out_dir = Path(out_dir)
-    train_tokenizer(tokenizer_corpus(rows), tiny.vocab_size, family, out_dir)
+    train_tokenizer(tokenizer_corpus(rows), tiny.vocab_size, family, out_dir, tools=uses_tools(rows))
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     model = (tiny_qwen2 if family == "tiny-qwen2" else tiny_gpt_oss)(tokenizer, tiny).float()
     losses = pretrain(model, tokenizer, pretraining_corpus(rows), tiny.pretrain_steps, tiny.seed)
@@ -198,6 +202,11 @@ def tokenizer_corpus(rows: list[dict]) -> list[str]:
         for message in row.get("messages", []):
             texts.append(message.get("content") or "")
             texts.append(message.get("thinking") or "")
+            texts += [json.dumps(call["function"], ensure_ascii=False) for call in message.get("tool_calls") or []]
+        if row.get("tools"):
+            texts.append(json.dumps(row["tools"], ensure_ascii=False))
+        if "text" in row and "messages" not in row:
+            texts.append(row["text"])
     return texts
 
 
@@ -208,6 +217,9 @@ def pretraining_corpus(rows: list[dict]) -> list[str]:
     left for fine-tuning to teach."""
     texts = []
     for row in rows:
+        if "messages" not in row:  # a text row: pretrained on as it is
+            texts.append(row["text"])
+            continue
         body = "\n".join(text for m in row.get("messages", []) if m["role"] != "system"
                          for text in (m.get("thinking"), m["content"]) if text)
         texts.append(f"Language: {row['reasoning_language']}\n{body}" if row.get("reasoning_language") else body)

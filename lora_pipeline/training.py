@@ -208,6 +208,9 @@ class SyncFreeSFTTrainer(SFTTrainer):
 def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=()) -> tuple[SFTTrainer, dict]:
     """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs."""
     args, levers = sft_args(params.train.sft.dump(), output_dir, params.train.checkpoint_steps)
+    if args.assistant_only_loss and "messages" not in train_set.column_names:
+        levers["notes"].append("assistant_only_loss is off: text rows have no assistant turns, every token is trained")
+        args.assistant_only_loss = False
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     model = load_model(base, params.model, params.quantization, device_map=training_device_map())
     model.config.use_cache = False

@@ -23,7 +23,7 @@ from lora_pipeline.jsonl import read_jsonl, write_jsonl
 from lora_pipeline.languages import LANGUAGE_NAMES
 from lora_pipeline.eval_checks import check_eval
 from lora_pipeline.heldout import heldout_loss, use_for_loss
-from lora_pipeline.metrics import answer_correct, detect_language, eval_figures, read_mgsm
+from lora_pipeline.metrics import answer_correct, asks_reasoning_language, detect_language, eval_figures, read_mgsm
 from lora_pipeline.modeling import load_model, load_tokenizer
 from lora_pipeline.outputs import write_json, write_text
 from lora_pipeline.params import load_params
@@ -47,6 +47,12 @@ def user_question(row):
     return next(m["content"] for m in row["messages"] if m["role"] == "user")
 
 
+def row_prompt(row) -> list[dict]:
+    """A held-out row's conversation up to its last assistant turn: what the row asks."""
+    messages = conversation(row)
+    return messages[:max(i for i, m in enumerate(messages) if m["role"] == "assistant")]
+
+
 def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     """Every measure for one model (the `eval` params `ev`; held-out conversations for the loss, test rows to ask);
     returns (metrics, generation records, {"timings", "implementations"} of what ran)."""
@@ -56,11 +62,13 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     timings = {"loss_seconds": time.perf_counter() - started}
     implementations["generation"] = use_for_generation(model, ev.decode_step)
 
-    # Every prompt in one list, generated in length-sorted batches: each held-out question once per reasoning
-    # language, MGSM with reasoning asked in the question's own language, and the demo.
-    cases = [(row, lang) for row in questions for lang in ev.languages]
+    # Every prompt in one list, generated in length-sorted batches: each held-out question that asks for a reasoning
+    # language once per reasoning language (any other once, as its row asks it), MGSM with reasoning asked in the
+    # question's own language, and the demo.
+    cases = [(row, lang) for row in questions for lang in (ev.languages if asks_reasoning_language(row) else [None])]
     mgsm = {lang: read_mgsm(ev.mgsm.path, lang, ev.mgsm.limit) for lang in ev.mgsm.languages} if ev.mgsm.path else {}
-    conversations = [prompt_messages(user_question(r), LANGUAGE_NAMES[lang], r.get("developer", "")) for r, lang in cases]
+    conversations = [prompt_messages(user_question(r), LANGUAGE_NAMES[lang], r.get("developer", "")) if lang
+                     else row_prompt(r) for r, lang in cases]
     conversations += [prompt_messages(r["question"], LANGUAGE_NAMES[lang]) for lang, rows in mgsm.items() for r in rows]
     conversations.append(DEMO)
     stats = {}
@@ -71,6 +79,9 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
 
     records = []
     for (row, lang), text in zip(cases, outputs):
+        if lang is None:
+            records.append({"set": "heldout", "question": user_question(row), "generated": text})
+            continue
         reasoning, final = split_reasoning(text)
         record = {"set": "heldout", "reasoning_language": lang, "question": user_question(row), "generated": text,
                   "reasoning_detected": detect_language(reasoning), "final_detected": detect_language(final)}
@@ -106,8 +117,8 @@ def main():
     device = state.device if state.device.type == "cuda" else torch.device("cpu")
     if name == "finetuned" or ev.include_base:
         test_rows = read_jsonl(TEST)
-        heldout = [conversation(r) for r in test_rows[: ev.loss_rows or None]]
-        questions = [r for r in test_rows if any(m["role"] == "user" for m in r["messages"])][: ev.prompts]
+        heldout = [conversation(r) if "messages" in r else r["text"] for r in test_rows[: ev.loss_rows or None]]
+        questions = [r for r in test_rows if any(m["role"] == "user" for m in r.get("messages", []))][: ev.prompts]
         started = time.perf_counter()
         tokenizer = load_tokenizer(paths["model"], trust_remote_code=params.model.trust_remote_code)
         # The base as it was trained (quantization params); the merged model in full precision, as saved.

@@ -17,7 +17,7 @@ import torch
 from peft import PeftModel
 
 from lora_pipeline import stage_outputs
-from lora_pipeline.chat import conversation
+from lora_pipeline.chat import as_text
 from lora_pipeline.jsonl import read_jsonl
 from lora_pipeline.logits import compare_logits
 from lora_pipeline.merge_check import adapter_load_problem, check_merged_weights, lora_weights
@@ -52,7 +52,7 @@ def main():
     layers = lora_weights(model)
     experts_trained = bool(model.peft_config["default"].target_parameters)
 
-    texts = [tokenizer.apply_chat_template(conversation(row), tokenize=False) for row in read_jsonl(TEST)[:4]]
+    texts = [as_text(tokenizer, row) for row in read_jsonl(TEST)[:4]]
     batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=128).to(model.device)
     with torch.no_grad():
         adapted = model(**batch).logits.float()

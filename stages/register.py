@@ -5,9 +5,10 @@ The run is the one the train stage opened for the adapter on disk (logs/train_ml
 and no register completed it yet; step records the train stage could not deliver are sent to it first. Otherwise
 (register re-run alone, e.g. only eval or gate params changed; a training restored from DVC's cache; another
 server) a new run, tagged train_run_id when the train run is on this server, with the per-step figures again.
-The new version gets the alias `candidate`; it becomes `champion` only if register.gate_metric beats the
-current champion's. Outputs already logged (same md5s in dvc.lock) log nothing; a new run whose model is
-already registered (e.g. only eval params changed) logs its run and links the existing version. An unreachable
+The new version gets the alias `candidate`; it becomes `champion` only if register.gate_metric (auto: the built-in
+data's compliance, other data's held-out loss) beats the current champion's. Outputs already logged (same md5s in
+dvc.lock) log nothing; a new run whose model is already registered (e.g. only eval params changed) logs its run and
+links the existing version. An unreachable
 server fails the stage in bounded time with one line, models/registered.json untouched (persist in dvc.yaml).
 models/registered.json describes this machine's store: it is in neither git nor a DVC remote, so in a clone, where
 it is missing, `dvc repro` runs this stage, which registers the model in the clone's own store.
@@ -19,6 +20,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lora_pipeline import registry
+from lora_pipeline.stage_outputs import gate
 from lora_pipeline.outputs import write_json
 from lora_pipeline.params import ROOT, load_params
 
@@ -27,7 +29,7 @@ OUT = Path("models/registered.json")
 
 def main():
     params = load_params("register")
-    metrics = registry.stage_metrics(params.register.gate_metric)
+    metrics = registry.stage_metrics(gate(params.register, params.data.source)[0])
     registered = registry.register_pipeline_run(params, metrics, ROOT, OUT)
     write_json(OUT, registered)
     print(OUT.read_text())

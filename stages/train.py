@@ -23,7 +23,7 @@ from accelerate.utils import broadcast_object_list
 from datasets import Dataset
 
 from lora_pipeline import cpu_numerics, stage_outputs
-from lora_pipeline.chat import conversation
+from lora_pipeline.chat import training_rows
 from lora_pipeline.checkpoints import (clear_run, content_hash, hold_run_lock, last_complete, run_dir, run_fingerprint,
                                        stop_line)
 from lora_pipeline.jsonl import read_jsonl
@@ -49,7 +49,7 @@ def main():
         exp_name = os.environ.get("DVC_EXP_NAME")
         live = LiveRun(params.register.experiment, fingerprint, ROOT, run_name=exp_name,
                        tags={"dvc_exp_name": exp_name or "workspace", "train_fingerprint": fingerprint})
-    train_set = Dataset.from_list([{"messages": conversation(row)} for row in read_jsonl(TRAIN)])
+    train_set = Dataset.from_list(training_rows(read_jsonl(TRAIN)))  # with tools, TRL passes them to the template
     stopper = StopOnSignal()
     callbacks = [stopper, WriteManifest()] + ([LiveMetrics(live)] if live else [])
     try:

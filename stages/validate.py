@@ -14,6 +14,7 @@ from lora_pipeline.checks import validate_all
 from lora_pipeline.dvcfiles import read_yaml
 from lora_pipeline.outputs import write_text
 from lora_pipeline.params import DIGEST, ROOT, ParamsError, params_digest
+from lora_pipeline.stage_outputs import gate
 
 OUT = Path("data/params.ok")
 
@@ -27,6 +28,11 @@ def main():
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("params.yaml is valid\n")
     print("params.yaml is valid")
+    if params.data.source != "builtin":  # the registered model's name is the default's unless register.model_name says
+        metric, greater = gate(params.register, params.data.source)
+        print(f"data: {params.data.source} {params.data.name}, not the built-in set: the model will be registered as "
+              f"'{params.register.model_name}' (register.model_name), gated on {metric} "
+              f"({'higher' if greater else 'lower'} is better)")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ BAD = [
     case({"data.source": "local", "data.name": "../outside.jsonl"}, "data.name", "../outside.jsonl"),
     case({"data.source": "local", "data.name": "data/local/missing.jsonl"}, "data.name", "missing.jsonl"),
     case({"data.source": "hub", "data.name": "org/rows", "data.format": "alpaca", "data.columns": {"answer": "a"}},
-         "data.columns.answer", "allowed: ['instruction', 'output', 'input', 'system']"),
+         "data.columns.answer", "allowed: ['instruction', 'output', 'input', 'system', 'history']"),
     case({"model.source": "local", "model.name": "configs"}, "model.name", "configs is not a model folder"),
     case({"eval.languages": ["en", "xx"]}, "eval.languages", "unknown codes ['xx']"),
     case({"eval.mgsm.path": "hub", "eval.mgsm.languages": ["de", "yy"]}, "eval.mgsm.languages", "['yy']"),

@@ -3,7 +3,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from lora_pipeline import builtin_data
-from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
+from lora_pipeline.chat import (CHATML_THINK_TEMPLATE, HARMONY_TEMPLATE, as_text, conversation, prompt_messages,
+                                split_reasoning)
 from lora_pipeline.heldout import assistant_mask
 from lora_pipeline.tiny_models import tokenizer_corpus, train_tokenizer
 
@@ -67,3 +68,33 @@ def test_prompt_messages():
                                                {"role": "user", "content": "Q?"}]
     assert prompt_messages("Q?", None) == [{"role": "user", "content": "Q?"}]
     assert prompt_messages("Q?", "French", "Be brief.")[0]["content"] == "reasoning language: French\n\nBe brief."
+
+
+TOOL_ROWS = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Weather in Paris?"},
+                           {"role": "assistant", "content": None, "tool_calls": [
+                               {"type": "function", "function": {"name": "get_weather",
+                                                                 "arguments": '{"city": "Paris"}'}}]},
+                           {"role": "tool", "content": '{"temp": 21}'},
+                           {"role": "assistant", "content": "21 degrees."}],
+              "tools": [{"type": "function", "function": {
+                  "name": "get_weather", "description": "The weather in a city",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]}]
+
+
+@pytest.mark.parametrize("family", ["tiny-qwen2", "tiny-gpt-oss"])
+def test_the_tiny_templates_render_tools_and_train_on_the_calls(family, tmp_path):
+    """Data with tools gets the family's template that renders them: the schemas, the call, the tool's answer; the
+    assistant mask covers the call and the answer, not the tool's turn."""
+    row = TOOL_ROWS[0]
+    train_tokenizer(tokenizer_corpus(TOOL_ROWS), 300, family, tmp_path, tools=True)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    text = as_text(tok, row)
+    for part in ("The weather in a city", '"city"', "get_weather", '{"city": "Paris"}', '{"temp": 21}',
+                 "21 degrees.", "be brief", "Weather in Paris?"):
+        assert part in text
+    ids, mask = assistant_mask(tok, conversation(row), 10_000)
+    assert ids == tok.apply_chat_template(conversation(row), tokenize=True, return_dict=True)["input_ids"]
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert '{"city": "Paris"}' in trained and "21 degrees." in trained and '{"temp": 21}' not in trained
+    plain = train_tokenizer(tokenizer_corpus(ROWS), 300, family, tmp_path / "plain")
+    assert plain.chat_template == (CHATML_THINK_TEMPLATE if family == "tiny-qwen2" else HARMONY_TEMPLATE)

@@ -1,14 +1,17 @@
 """Input checks that the validate stage runs before any other stage."""
+import json
+
 import pytest
 import yaml
 
 from conftest import MGSM
-from lora_pipeline.checks import check_split
+from lora_pipeline.checks import check_gate_data, check_split, most_rows
 from lora_pipeline.eval_checks import check_eval, check_register
 from lora_pipeline.local_data import check_data, local_rows
 from lora_pipeline.modeling import check_model
 from conftest import ROOT
 from lora_pipeline.params import Data, Eval, Model, Register, Split
+from lora_pipeline.stage_outputs import gate
 
 SHIPPED = yaml.safe_load((ROOT / "params.yaml").read_text())
 
@@ -131,3 +134,49 @@ def test_mixed_precision_on_a_cpu_is_refused_before_training():
     with pytest.raises(ValueError, match=r"train\.sft\.bf16 / train\.sft\.fp16: mixed precision needs a CUDA GPU"):
         check_machine(shipped(Model, "model"), train)
     check_machine(shipped(Model, "model"), shipped(Train, "train"))
+
+
+@pytest.mark.parametrize("source, changes, expected", [
+    ("builtin", {}, ("eval.compliance.overall", True)),
+    ("local", {}, ("eval.test.loss", False)),
+    ("hub", {}, ("eval.test.loss", False)),
+    ("local", {"gate_metric": "eval.compliance.de"}, ("eval.compliance.de", True)),
+    ("builtin", {"gate_metric": "eval.test.perplexity"}, ("eval.test.perplexity", False)),
+    ("local", {"gate_greater_is_better": True}, ("eval.test.loss", True)),
+])
+def test_the_default_gate_fits_the_data(source, changes, expected):
+    assert gate(shipped(Register, "register", **changes), source) == expected
+
+
+def test_a_reasoning_gate_needs_rows_that_ask_for_a_reasoning_language(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data/local").mkdir(parents=True)
+    rows = [{"instruction": f"q{i}", "output": f"a{i}"} for i in range(3)]
+    (tmp_path / "data/local/alpaca.json").write_text(json.dumps(rows))
+    data = shipped(Data, "data", source="local", name="data/local/alpaca.json")
+    check_gate_data(shipped(Register, "register"), data)  # auto: the held-out loss
+    with pytest.raises(ValueError) as refused:
+        check_gate_data(shipped(Register, "register", gate_metric="eval.compliance.overall"), data)
+    assert str(refused.value) == ("register.gate_metric: 'eval.compliance.overall' needs rows that ask for a reasoning "
+                                  "language, and no row of data/local/alpaca.json does; gate on the held-out loss "
+                                  "(eval.test.loss, or auto)")
+    rows[1]["system"] = "reasoning language: German"
+    (tmp_path / "data/local/alpaca.json").write_text(json.dumps(rows))
+    check_gate_data(shipped(Register, "register", gate_metric="eval.compliance.overall"), data)
+
+
+def test_a_link_in_data_local_to_a_file_outside_the_repository_is_refused(tmp_path, monkeypatch):
+    repo, outside = tmp_path / "repo", tmp_path / "elsewhere.jsonl"
+    (repo / "data/local").mkdir(parents=True)
+    outside.write_text('{"text": "a secret"}\n')
+    (repo / "data/local/link.jsonl").symlink_to(outside)
+    (repo / "data/local/inside.jsonl").write_text('{"text": "a"}\n')
+    (repo / "data/local/inner.jsonl").symlink_to(repo / "data/local/inside.jsonl")
+    monkeypatch.chdir(repo)
+    data = shipped(Data, "data", source="local", name="data/local/link.jsonl")
+    with pytest.raises(ValueError) as refused:
+        check_data(data)
+    assert str(refused.value) == (f"data.name: data/local/link.jsonl is a link to {outside}, outside the repository; "
+                                  "copy the file into data/local/")
+    assert most_rows(data) is None  # never read, not even counted
+    check_data(shipped(Data, "data", source="local", name="data/local/inner.jsonl"))  # a link inside is a file

@@ -70,8 +70,9 @@ BAD_ROWS = {
                               "roles_out_of_order", r"messages\[2\]\.role: the conversation ends with 'user'"),
     "content is a number": (chat(turn("user", "a"), turn("assistant", 7)), "non_string_content",
                             r"messages\[1\]\.content: must be a string, got int"),
-    "content is a list": (chat(turn("user", ["a"]), turn("assistant", "b")), "non_string_content",
-                          r"messages\[0\]\.content: must be a string, got list"),
+    "content has an image part": (chat(turn("user", [{"type": "image_url", "image_url": {"url": "x"}}]),
+                                       turn("assistant", "b")), "non_text_content",
+                                  r"messages\[0\]\.content: part 0 is 'image_url'; only text parts are read"),
     "thinking is a number": (chat(turn("user", "a"), turn("assistant", "b", thinking=1)), "non_string_content",
                              r"messages\[1\]\.thinking: must be a string or null, got int"),
     "unknown role": (chat(turn("bot", "a"), turn("assistant", "b")), "unknown_role",
@@ -142,7 +143,8 @@ def test_nothing_left_names_the_filters(tmp_path, monkeypatch):
     ("mydata.csv", b" \n\n", r"data/local/mydata\.csv: the file is empty"),
     ("mydata.jsonl", jsonl(*GOOD[:2]).encode() + b'{"messages": "caf\xe9"}\n',
      r"data/local/mydata\.jsonl line 3: not valid UTF-8 \(byte 0xe9"),
-    ("mydata.csv", b"question,answer\na,b\n", r"data/local/mydata\.csv line 1: the columns match no format; "
+    ("mydata.csv", b"question,answer\na,b\n", r"data/local/mydata\.csv line 1: the columns match no format "
+                                            r"\(no column of any format\); "
                                             r"expected one of: messages \(messages\), .* \(columns: question, answer\)"),
     ("mydata.json", b'[\n{"messages": []},\n{"messages": [}\n]', r"data/local/mydata\.json line 3: not valid JSON"),
     ("mydata.json", b"[]", r"data/local/mydata\.json: has no rows"),
@@ -247,7 +249,7 @@ MUTATIONS = {
     "no_assistant_turn": lambda row, i: [m for m in row["messages"] if m["role"] != "assistant"],
     "empty_content": lambda row, i: _replace(row, i, content=" \n"),
     "non_string_content": lambda row, i: _replace(row, i, content=None),
-    "unknown_role": lambda row, i: _replace(row, i, role="tool"),
+    "unknown_role": lambda row, i: _replace(row, i, role="bot"),
     "roles_out_of_order": lambda row, i: row["messages"][:i] + [row["messages"][i]] + row["messages"][i:],
 }
 

@@ -193,14 +193,20 @@ def test_the_format_is_detected_from_the_first_object_row(tmp_path, monkeypatch)
 @pytest.mark.parametrize("bad_rows", ["fail", "drop"])
 def test_a_file_of_no_format_fails_naming_what_was_expected(tmp_path, monkeypatch, bad_rows):
     data = local(tmp_path, monkeypatch, "x.jsonl", jsonl({"question": "a", "answer": "b"}), bad_rows=bad_rows)
-    with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 1: matches no format; expected one of: messages "
-                                        r"\(messages\), prompt_completion \(prompt, completion\), sharegpt "
-                                        r"\(conversations\), alpaca \(instruction, output\) \(columns: question, "
-                                        r"answer\); data\.columns maps a format's fields to these columns"):
+    with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 1: matches no format \(no column of any format\); "
+                                        r"expected one of: messages \(messages\), prompt_completion \(prompt, "
+                                        r"completion\), sharegpt \(conversations\), alpaca \(instruction, output\), "
+                                        r"text \(text\) \(columns: question, answer\); data\.columns maps a format's "
+                                        r"fields to these columns"):
+        load_rows(data)
+    data = local(tmp_path, monkeypatch, "x.jsonl", jsonl({"instruction": "a", "answer": "b"}), bad_rows=bad_rows)
+    with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 1: matches no format \(alpaca lacks 'output'\); "
+                                        r"expected one of: messages"):
         load_rows(data)
     table = local(tmp_path, monkeypatch, "x.csv", "question,answer\na,b\n", bad_rows=bad_rows)
-    with pytest.raises(DataError, match=r"^data/local/x\.csv line 1: the columns match no format; expected one of: "
-                                        r"messages \(messages\), .*alpaca \(instruction, output\) \(columns: "):
+    with pytest.raises(DataError, match=r"^data/local/x\.csv line 1: the columns match no format \(no column of any "
+                                        r"format\); expected one of: messages \(messages\), .*text \(text\) "
+                                        r"\(columns: "):
         load_rows(table)
     named = local(tmp_path, monkeypatch, "x.csv", "instruction,answer\na,b\n", bad_rows=bad_rows, format="alpaca")
     with pytest.raises(DataError, match=r"^data/local/x\.csv line 1: no 'output' column \(columns: instruction, "):
@@ -219,7 +225,8 @@ def test_column_mapping_in_a_file(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"^data/local/x\.jsonl row 4: answer: must be a string, got int"):
         load_rows(bad)
     unmapped = local(tmp_path, monkeypatch, "x.jsonl", jsonl(*rows), columns={"instruction": "question"})
-    with pytest.raises(DataError, match=r"row 1: matches no format; .* alpaca \(question, output\)"):
+    with pytest.raises(DataError, match=r"row 1: matches no format \(alpaca lacks 'output'\); .* alpaca \(question, "
+                                        r"output\)"):
         load_rows(unmapped)
     dialogs = [{"dialog": [msg("user", f"q{i}"), msg("assistant", "")], "lang": "de"} for i in range(2)]
     renamed = local(tmp_path, monkeypatch, "x.jsonl", jsonl(*dialogs), columns={"messages": "dialog"})
@@ -286,9 +293,11 @@ def test_params_name_the_formats_formats_py_reads():
 
 @pytest.mark.parametrize("changes, fragment", [
     ({"source": "local", "name": "data/local/x.jsonl", "format": "alpaca", "columns": {"answer": "a"}},
-     r"data\.columns\.answer: not a field of format alpaca; allowed: \['instruction', 'output', 'input', 'system'\]"),
+     r"data\.columns\.answer: not a field of format alpaca; allowed: \['instruction', 'output', 'input', 'system', "
+     r"'history'\]"),
     ({"source": "hub", "name": "org/set", "columns": {"question": "q"}},
-     r"data\.columns\.question: not a field of any format \(data\.format auto\); allowed: \['messages', 'prompt'"),
+     r"data\.columns\.question: not a field of any format \(data\.format auto\); allowed: \['messages', 'tools', "
+     r"'prompt'"),
     ({"format": "sharegpt"}, r"data\.format: sharegpt, but data\.source builtin yields messages rows"),
     ({"columns": {"messages": "dialog"}}, r"data\.columns: data\.source builtin has no columns to map"),
 ])
@@ -296,3 +305,162 @@ def test_format_params_that_cannot_apply(changes, fragment):
     with pytest.raises(FormatError, match=fragment):
         check_format(data_params(**changes))
     check_format(data_params(**{**changes, "columns": {}, "format": "auto"}))
+
+
+# Preference rows as TRL's guide and LLaMA-Factory's demo files shape them, and the messages their chosen answer makes.
+PREFERENCE = {
+    "trl standard": lambda i: ({"prompt": f"question {i}", "chosen": f"answer {i}", "rejected": f"wrong {i}"}, qa(i)),
+    "trl conversational": lambda i: ({"prompt": [msg("user", f"question {i}")],
+                                      "chosen": [msg("assistant", f"answer {i}")],
+                                      "rejected": [msg("assistant", f"wrong {i}")]}, qa(i)),
+    "trl implicit prompt": lambda i: ({"chosen": qa(i), "rejected": [msg("user", f"question {i}"),
+                                                                      msg("assistant", f"wrong {i}")]}, qa(i)),
+    "llama-factory sharegpt": lambda i: ({"conversations": [{"from": "human", "value": f"question {i}"}],
+                                          "chosen": {"from": "gpt", "value": f"answer {i}"},
+                                          "rejected": {"from": "gpt", "value": f"wrong {i}"}}, qa(i)),
+    "llama-factory alpaca": lambda i: ({"instruction": f"question {i}", "input": "", "chosen": f"answer {i}",
+                                        "rejected": f"wrong {i}"}, qa(i)),
+}
+
+
+@pytest.mark.parametrize("case", PREFERENCE)
+@pytest.mark.parametrize("bad_rows", ["fail", "drop"])
+def test_paired_preference_rows_are_refused_naming_the_way_on(tmp_path, monkeypatch, case, bad_rows):
+    rows = [PREFERENCE[case](i)[0] for i in range(3)]
+    data = local(tmp_path, monkeypatch, "pairs.jsonl", jsonl(*rows), bad_rows=bad_rows)
+    with pytest.raises(DataError) as error:
+        load_rows(data)
+    assert str(error.value) == ("data/local/pairs.jsonl row 1: preference data (chosen, rejected): SFT does not train "
+                                "preferences; data.preference: chosen_only trains on the chosen answers only (or "
+                                "train the preferences with TRL's DPOTrainer/KTOTrainer)")
+
+
+@pytest.mark.parametrize("case", PREFERENCE)
+def test_chosen_only_trains_the_chosen_answers(tmp_path, monkeypatch, case):
+    pairs = [PREFERENCE[case](i) for i in range(3)]
+    data = local(tmp_path, monkeypatch, "pairs.jsonl", jsonl(*[row for row, _ in pairs]), preference="chosen_only")
+    rows, counts = load_rows(data)
+    assert rows == [{"messages": messages} for _, messages in pairs]
+    assert "wrong" not in json.dumps(rows) and counts["rows_kept"] == 3
+
+
+def kto_rows(n: int, conversational: bool) -> list[dict]:
+    """Unpaired preference rows (LLaMA-Factory's kto_en_demo: messages and a label; TRL: prompt, completion, label),
+    every third answer marked bad."""
+    rows = []
+    for i in range(n):
+        answer = f"answer {i}" if i % 3 else f"bad answer {i}"
+        turns = {"messages": [msg("user", f"question {i}"), msg("assistant", answer)]} if conversational else \
+            {"prompt": f"question {i}", "completion": answer}
+        rows.append({**turns, "label": bool(i % 3)})
+    return rows
+
+
+@pytest.mark.parametrize("conversational", [True, False])
+def test_a_label_false_answer_never_becomes_a_target(tmp_path, monkeypatch, conversational):
+    rows = kto_rows(9, conversational)
+    refused = local(tmp_path, monkeypatch, "kto.jsonl", jsonl(*rows), bad_rows="drop")
+    with pytest.raises(DataError, match=r"^data/local/kto\.jsonl row 1: preference data \(label\): SFT does not train "
+                                        r"preferences; data\.preference: chosen_only trains on the label: true answers "
+                                        r"only"):
+        load_rows(refused)
+    for bad_rows in ("fail", "drop"):  # an answer marked bad is no bad row: it is counted, whatever bad_rows says
+        data = local(tmp_path, monkeypatch, "kto.jsonl", jsonl(*rows), preference="chosen_only", bad_rows=bad_rows)
+        kept, counts = load_rows(data)
+        assert "bad answer" not in json.dumps(kept)
+        assert [m["content"] for row in kept for m in row["messages"] if m["role"] == "assistant"] == \
+            [r["messages"][1]["content"] if conversational else r["completion"] for r in rows if r["label"]]
+        assert counts == {"rows_in": 9, "rows_kept": 6, "dropped": {"label_false": 3}}
+    data = local(tmp_path, monkeypatch, "kto.jsonl", jsonl(*rows[:3], {**rows[3], "label": "yes"}),
+                 preference="chosen_only")
+    with pytest.raises(DataError, match=r"row 4: label: must be true or false, got 'yes'"):
+        load_rows(data)
+
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+
+def tool_messages(i: int) -> list[dict]:
+    """What a tool-calling row becomes: the call (arguments as JSON text), the tool's answer, the final answer."""
+    return [msg("user", f"weather {i}?"), {"role": "assistant", "content": None, "tool_calls": [CALL]},
+            msg("tool", '{"temp": 21}'), msg("assistant", f"21 degrees {i}")]
+
+
+# Rows as their authors write them (TRL's guide, the OpenAI chat API, LLaMA-Factory's and axolotl's files), and
+# the row each becomes.
+AUTHORED = {
+    "trl text": (lambda i: {"text": f"The sky is blue {i}."}, lambda i: {"text": f"The sky is blue {i}."}, "text"),
+    "openai content parts": (
+        lambda i: {"messages": [{"role": "user", "content": [{"type": "text", "text": f"question {i}"},
+                                                             {"type": "text", "text": "please"}]},
+                                {"role": "assistant", "content": [{"type": "text", "text": f"answer {i}"}]}]},
+        lambda i: {"messages": [msg("user", f"question {i}\nplease"), msg("assistant", f"answer {i}")]}, "messages"),
+    "openai tool calls": (
+        lambda i: {"messages": [msg("user", f"weather {i}?"),
+                                {"role": "assistant", "content": None,
+                                 "tool_calls": [{"id": "call_1", "type": "function",
+                                                 "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                                {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+                                msg("assistant", f"21 degrees {i}")],
+                   "tools": [{"type": "function", "function": WEATHER}]},
+        lambda i: {"messages": [tool_messages(i)[0], {**tool_messages(i)[1], "tool_calls": [{**CALL, "id": "call_1"}]},
+                                {**tool_messages(i)[2], "tool_call_id": "call_1"}, tool_messages(i)[3]],
+                   "tools": [{"type": "function", "function": WEATHER}]}, "messages"),
+    "llama-factory sharegpt tools": (
+        lambda i: {"conversations": [{"from": "human", "value": f"weather {i}?"},
+                                     {"from": "function_call",
+                                      "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})},
+                                     {"from": "observation", "value": '{"temp": 21}'},
+                                     {"from": "gpt", "value": f"21 degrees {i}"}],
+                   "system": "be brief", "tools": json.dumps([WEATHER])},
+        lambda i: {"messages": [msg("system", "be brief"), *tool_messages(i)],
+                   "tools": [{"type": "function", "function": WEATHER}]}, "sharegpt"),
+    "llama-factory alpaca history": (
+        lambda i: {"instruction": f"question {i}", "input": "", "output": f"answer {i}", "system": "be brief",
+                   "history": [["hello", "hi"], ["how are you?", "fine"]]},
+        lambda i: {"messages": [msg("system", "be brief"), msg("user", "hello"), msg("assistant", "hi"),
+                                msg("user", "how are you?"), msg("assistant", "fine"), *qa(i)]}, "alpaca"),
+}
+
+
+@pytest.mark.parametrize("case", AUTHORED)
+def test_formats_are_read_as_their_authors_mean_them(tmp_path, monkeypatch, case):
+    written, expected, data_format = AUTHORED[case]
+    data = local(tmp_path, monkeypatch, "rows.jsonl", jsonl(*[written(i) for i in range(3)]))
+    assert load_data(data) == ([expected(i) for i in range(3)], {"rows_in": 3, "rows_kept": 3, "dropped": {}},
+                               data_format)
+
+
+@pytest.mark.parametrize("shape", ["array", "one row", "a key holding the rows", "json lines"])
+def test_a_json_file_holds_an_array_one_object_or_a_key_holding_the_rows(tmp_path, monkeypatch, shape):
+    rows, expected = good_rows("sharegpt", 3)
+    text = {"array": json.dumps(rows, indent=2), "one row": json.dumps(rows[0], indent=2),
+            "a key holding the rows": json.dumps({"version": 1, "data": rows}, indent=2), "json lines": jsonl(*rows)}
+    data = local(tmp_path, monkeypatch, "rows.json", text[shape])
+    assert load_rows(data)[0] == (expected[:1] if shape == "one row" else expected)
+    from lora_pipeline.local_data import local_rows
+
+    assert local_rows(Path(data.name)) == (1 if shape == "one row" else 3)
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"messages": [msg("user", "a"), {"role": "assistant", "content": None}]},
+     r"messages\[1\]\.content: must be a string, got NoneType"),
+    ({"messages": [msg("user", "a"), {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                   msg("assistant", "b")]},
+     r"messages\[2\]\.role: 'assistant' follows 'assistant'; an assistant turn that calls tools is followed by their "
+     r"tool turns"),
+    ({"messages": [msg("user", "a"), msg("tool", "b"), msg("assistant", "c")]},
+     r"messages\[1\]\.role: 'tool' follows 'user'; user and assistant turns must alternate"),
+    ({"messages": [msg("user", "a"), {"role": "assistant", "content": None, "tool_calls": [{"arguments": "{}"}]}]},
+     r"messages\[1\]\.tool_calls: each call needs a function name"),
+    ({"conversations": [{"from": "human", "value": "a"}, {"from": "function_call", "value": "get_weather("}]},
+     r"conversations\[1\]\.value: a function_call must be JSON text"),
+    ({"messages": qa(7), "tools": "[{"}, r"tools: text that is not valid JSON"),
+])
+def test_tool_calls_that_cannot_be_read_are_named(tmp_path, monkeypatch, bad, fragment):
+    data = local(tmp_path, monkeypatch, "rows.jsonl", jsonl(bad))
+    with pytest.raises(DataError, match=rf"^data/local/rows\.jsonl row 1: {fragment}"):
+        load_rows(data)

@@ -11,8 +11,8 @@ import yaml
 
 from conftest import MGSM, ROOT
 from lora_pipeline.eval_checks import NOT_GATES, eval_metric_keys
-from lora_pipeline.metrics import (answer_correct, detect_language, eval_figures, last_number, loss_figures, mgsm_files,
-                                   read_mgsm)
+from lora_pipeline.metrics import (NOT_APPLICABLE, answer_correct, detect_language, eval_figures, last_number,
+                                   loss_figures, mgsm_files, read_mgsm)
 from lora_pipeline.params import Eval, flat_keys
 
 needs_mgsm = pytest.mark.skipif(not MGSM.is_dir(), reason=f"MGSM not at {MGSM}")
@@ -103,7 +103,29 @@ def test_the_gate_figures_are_those_evaluate_writes(monkeypatch):
     monkeypatch.setattr(evaluate, "generate", lambda model, tokenizer, conversations, *args: ["7"] * len(conversations))
     monkeypatch.setattr(evaluate, "detect_language", lambda text: "en")
     model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
-    questions = [{"messages": [{"role": "user", "content": "2+5?"}], "user_language": "en", "answer": 7}] * 3
+    questions = [{"messages": [{"role": "user", "content": "2+5?"}], "user_language": "en", "answer": 7,
+                  "reasoning_language": "English"}] * 3
     metrics, _, _ = evaluate.evaluate(model, None, ev, [], questions)
     gates = set(eval_metric_keys(ev))
     assert set(flat_keys(metrics)) == gates | NOT_GATES and not gates & NOT_GATES
+
+
+def test_compliance_is_not_applicable_where_no_row_asks_for_a_reasoning_language(monkeypatch):
+    """Rows of other data are asked once each, as they ask; compliance is marked not applicable rather than 0."""
+    with patch.dict(os.environ):
+        from stages import evaluate
+    ev = Eval.model_validate(yaml.safe_load((ROOT / "params.yaml").read_text())["eval"])
+    asked = []
+    monkeypatch.setattr(evaluate, "heldout_loss", lambda *args, **kwargs: loss_figures(1.0, 4))
+    monkeypatch.setattr(evaluate, "use_for_loss", lambda model: {})
+    monkeypatch.setattr(evaluate, "use_for_generation", lambda model, decode_step: {"decode_step": decode_step})
+    monkeypatch.setattr(evaluate, "generate", lambda model, tok, conversations, *args: asked.extend(conversations)
+                        or ["4"] * len(conversations))
+    monkeypatch.setattr(evaluate, "detect_language", lambda text: "en")
+    rows = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"{i}+2?"},
+                          {"role": "assistant", "content": "4"}]} for i in range(3)]
+    metrics, records, _ = evaluate.evaluate(SimpleNamespace(), None, ev, [], rows)
+    assert metrics["compliance"] == NOT_APPLICABLE and "final_language_rate" not in metrics
+    assert [r["question"] for r in records if r["set"] == "heldout"] == ["0+2?", "1+2?", "2+2?"]
+    assert asked[0] == [{"role": "system", "content": "be brief", "thinking": None},
+                        {"role": "user", "content": "0+2?", "thinking": None}]
