@@ -14,11 +14,21 @@ PACKAGES = ("stages", "lora_pipeline")  # the project's code: every module under
 DVC_STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
-def stage_module(cmd: str) -> str:
-    """The module a stage's cmd runs: `python -m stages.X`, or `accelerate launch ... -m stages.X`."""
-    found = re.search(r"-m\s+([\w.]+)", cmd)
+def stage_modules(cmd: str) -> list[str]:
+    """The modules a stage's cmd runs: `python -m stages.X`, or `python -m lora_pipeline.launch <stage>` and the
+    module that launch starts for the stage (lora_pipeline.launch.STAGES)."""
+    from lora_pipeline.launch import STAGES
+
+    found = re.search(r"-m\s+([\w.]+)(?:\s+(\w+))?", cmd)
     assert found, f"no `-m <module>` in cmd {cmd!r}"
-    return found.group(1)
+    if found.group(1) == "lora_pipeline.launch":
+        return [found.group(1), STAGES[found.group(2)][0][0]]
+    return [found.group(1)]
+
+
+def stage_files(stage: str, root: Path = ROOT) -> set[Path]:
+    """The project files that a stage's cmd can import."""
+    return {path for module in stage_modules(DVC_STAGES[stage]["cmd"]) for path in reached_files(root, module)}
 
 
 def module_file(root: Path, name: str) -> Path | None:
@@ -83,6 +93,10 @@ def required_files(root: Path, module: str) -> set[Path]:
     return {path for path in reached_files(root, module) if has_code(root, path)}
 
 
+def stage_required(stage: str) -> set[Path]:
+    return {path for path in stage_files(stage) if has_code(ROOT, path)}
+
+
 def covers(dep: str, path: Path) -> bool:
     """A dep lists a file when it is that file or a folder above it."""
     return PurePosixPath(path).is_relative_to(PurePosixPath(dep.rstrip("/")))
@@ -103,21 +117,21 @@ def stage_deps(stage: str) -> list[str]:
 
 @pytest.mark.parametrize("stage", sorted(DVC_STAGES))
 def test_deps_list_every_module_the_stage_imports(stage):
-    required = required_files(ROOT, stage_module(DVC_STAGES[stage]["cmd"]))
+    required = stage_required(stage)
     missing = missing_deps(stage_deps(stage), required)
     assert not missing, f"stage {stage}: dvc.yaml deps miss {', '.join(missing)}"
 
 
 @pytest.mark.parametrize("stage", sorted(DVC_STAGES))
 def test_deps_list_no_module_the_stage_cannot_import(stage):
-    reached = reached_files(ROOT, stage_module(DVC_STAGES[stage]["cmd"]))
+    reached = stage_files(stage)
     stale = stale_deps(stage_deps(stage), reached)
     assert not stale, f"stage {stage}: dvc.yaml deps list {', '.join(stale)}, which it never imports"
 
 
 @pytest.mark.parametrize("stage", sorted(DVC_STAGES))
 def test_a_dropped_module_is_named(stage):
-    required = required_files(ROOT, stage_module(DVC_STAGES[stage]["cmd"]))
+    required = stage_required(stage)
     dropped = sorted(str(path) for path in required)[-1]
     deps = [dep for dep in stage_deps(stage) if dep != dropped]
     assert dropped in missing_deps(deps, required)
@@ -140,7 +154,7 @@ RUN_BY = {
 def test_only_the_stages_that_run_a_data_module_depend_on_it(module):
     listing = {stage for stage in DVC_STAGES if any(covers(dep, Path(module)) for dep in stage_deps(stage))}
     running = {stage for stage in DVC_STAGES
-               if Path(module) in reached_files(ROOT, stage_module(DVC_STAGES[stage]["cmd"]))}
+               if Path(module) in stage_files(stage)}
     assert listing == running == RUN_BY[module], f"{module}: listed by {sorted(listing)}, run by {sorted(running)}"
 
 
