@@ -13,7 +13,8 @@ from lora_pipeline.cache import cached
 from lora_pipeline.eval_checks import check_eval, check_gate_metric, check_register
 from lora_pipeline.formats import check_format
 from lora_pipeline.local_data import check_data, local_rows
-from lora_pipeline.machine import check_eval_launch, check_launch, check_machine, distributed_type
+from lora_pipeline.launch import check_launch
+from lora_pipeline.machine import check_eval_launch, check_machine, distributed_type
 from lora_pipeline.model_checks import (check_base_model, check_packed_experts, check_quantization, check_save_format,
                                        check_tiny)
 from lora_pipeline.modeling import check_model
@@ -39,7 +40,7 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
         lambda: check_library_fields(view.train, view.lora),
         lambda: check_scheduler(view.train),
         lambda: check_machine(view.model, view.train, root, view.launch),
-        lambda: check_launch(view.launch, view.train, view.eval, root),
+        lambda: check_launch(view, root),
         lambda: check_base_model(view.model, view.lora, root),
         lambda: check_quantization(view.model, view.quantization, view.train, distributed_type(view.train, root), root),
         lambda: check_packed_experts(view.model, view.lora, distributed_type(view.train, root),

@@ -14,13 +14,14 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from lora_pipeline.machine import accelerate_config, processes_here
+from lora_pipeline.machine import accelerate_config, on_slurm, processes_here
 from lora_pipeline.params import load_params
 
 # stage -> (the module it runs with its arguments, the params section naming its accelerate config and node count;
@@ -117,6 +118,54 @@ def srun_command(stage: str, params, environ=os.environ) -> list[str]:
     if slurm.cpus_per_task:
         command.append(f"--cpus-per-task={slurm.cpus_per_task}")
     return command + [sys.executable, "-m", "lora_pipeline.launch", "--on-node", stage]
+
+
+def slurm_refusal(command: list[str]) -> str | None:
+    """Slurm's reason for refusing the job of an srun command, asked without running it (srun --test-only), or None."""
+    tested = subprocess.run([command[0], "--test-only", *command[1:command.index(sys.executable)], "true"],
+                            capture_output=True, text=True)
+    if tested.returncode == 0:
+        return None
+    lines = [line.strip() for line in (tested.stderr + tested.stdout).splitlines() if line.strip()]
+    said = [line.removeprefix("srun: error: ") for line in lines if line.startswith("srun: error: ")] or lines[-1:]
+    return said[0].removeprefix("allocation failure: ") if said else f"srun exited {tested.returncode}"
+
+
+def check_launch(params, root: Path = Path(".")) -> None:
+    """What the launch params cannot start, before any stage runs: several nodes on this machine alone, Slurm without
+    its srun, a job Slurm refuses (an unknown partition, more nodes than there are, GPUs the nodes lack: asked with
+    srun --test-only from a login node), and more GPUs per node than the accelerate configs start processes per node."""
+    problems = []
+    for key in ("train", "eval"):
+        if getattr(params, key).nodes > 1 and not on_slurm(params.launch):
+            problems.append(f"{key}.nodes: {getattr(params, key).nodes} nodes need launch.launcher slurm (the local "
+                            "launcher starts processes on this machine only); allowed with local: 1")
+    if on_slurm(params.launch):
+        slurm = params.launch.slurm
+        for key in ("train", "eval"):
+            section = getattr(params, key)
+            per_node = processes_here(accelerate_config(section, root))
+            if slurm.gpus_per_node > per_node:
+                problems.append(f"launch.slurm.gpus_per_node: {slurm.gpus_per_node} GPUs per node, but "
+                                f"{key}.accelerate_config {section.accelerate_config} starts {per_node} "
+                                f"process{'es' * (per_node != 1)} per node, one per GPU; allowed: at most {per_node}, "
+                                "or a config that starts as many processes per node as GPUs")
+        if shutil.which("srun") is None:
+            problems.append("launch.launcher: slurm starts jobs with srun, which is not on PATH here; install Slurm's "
+                            "client (slurm-client) or run where it is, or use launch.launcher local")
+        elif not os.environ.get("SLURM_JOB_ID"):  # inside an allocation the steps take what it holds
+            asked = {}
+            for stage in STAGES:
+                asked.setdefault(tuple(srun_command(stage, params, {})), stage)
+            for command, stage in asked.items():
+                if reason := slurm_refusal(list(command)):
+                    key = "launch.slurm.partition" if "partition" in reason.lower() else "launch.slurm"
+                    options = " ".join(arg for arg in command[1:command.index(sys.executable)]
+                                       if not arg.startswith("--job-name"))
+                    problems.append(f"{key}: Slurm refuses {stage}'s job ({options}): {reason}")
+                    break  # one job's reason says it; the others would repeat it
+    if problems:
+        raise ValueError("\n".join(problems))
 
 
 def die_with_parent() -> None:

@@ -3,8 +3,6 @@ GPUs, mixed precision and attention kernels, and the launch params (this machine
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import subprocess
 from pathlib import Path
 
 import yaml
@@ -115,35 +113,3 @@ def check_eval_launch(ev, root: Path = ROOT, launch=None) -> None:
     if not on_slurm(launch) and (problem := gpu_count_problem(ev, config, "eval.accelerate_config")):
         raise ValueError(problem)
 
-
-def check_launch(launch, train, ev, root: Path = ROOT) -> None:
-    """What the launch params cannot start: several nodes on this machine alone, Slurm without its srun, a partition
-    Slurm does not know, and more GPUs per node than the accelerate configs start processes on a node."""
-    problems = []
-    for key, section in (("train", train), ("eval", ev)):
-        if section.nodes > 1 and not on_slurm(launch):
-            problems.append(f"{key}.nodes: {section.nodes} nodes need launch.launcher slurm (the local launcher starts "
-                            "processes on this machine only); allowed with local: 1")
-    if not on_slurm(launch):
-        if problems:
-            raise ValueError("\n".join(problems))
-        return
-    if shutil.which("srun") is None:
-        problems.append("launch.launcher: slurm starts jobs with srun, which is not on PATH here; install Slurm's "
-                        "client (slurm-client) or run where it is, or use launch.launcher local")
-    elif launch.slurm.partition:
-        shown = subprocess.run(["scontrol", "show", "partition", launch.slurm.partition], capture_output=True,
-                               text=True)
-        if shown.returncode:
-            said = (shown.stderr or shown.stdout).strip().splitlines()
-            problems.append(f"launch.slurm.partition: Slurm refuses '{launch.slurm.partition}': "
-                            f"{said[-1] if said else 'scontrol exited ' + str(shown.returncode)}")
-    for key, section in (("train", train), ("eval", ev)):
-        per_node = processes_here(accelerate_config(section, root))
-        if launch.slurm.gpus_per_node > per_node:
-            problems.append(f"launch.slurm.gpus_per_node: {launch.slurm.gpus_per_node} GPUs per node, but "
-                            f"{key}.accelerate_config {section.accelerate_config} starts {per_node} "
-                            f"process{'es' * (per_node != 1)} per node, one per GPU; allowed: at most {per_node}, or a "
-                            "config that starts as many processes per node as GPUs")
-    if problems:
-        raise ValueError("\n".join(problems))
