@@ -191,13 +191,17 @@ def run_srun(command: list[str], name: str) -> int:
     """Run srun in its own session (a terminal's Ctrl-C reaches this process alone: srun would only print its status)
     and relay its output; on a signal, cancel the job through Slurm and wait for srun to end. Raises LaunchError with
     Slurm's reason when it refuses the job."""
+    parent = os.getppid()
     proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE, text=True, bufsize=1)
     refused = []
 
     def relay():
         for line in proc.stderr:
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            try:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            except OSError:  # the reader (DVC) is gone: keep draining srun's output so that it never blocks
+                pass
             if found := re.match(r"srun: error: Unable to allocate resources: (.*)", line):
                 refused.append(found.group(1).strip())
 
@@ -216,7 +220,7 @@ def run_srun(command: list[str], name: str) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, cancel)
     die_with_parent()
-    if os.getppid() == 1:  # the parent had already gone
+    if os.getppid() != parent:  # the parent had already gone
         cancel(signal.SIGTERM, None)
     returncode = proc.wait()
     relaying.join()

@@ -204,3 +204,38 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     assert f"checkpoint-{stopped_at}" in output and "resuming from" in output
     assert json.loads((repo / "metrics/train.json").read_text())["steps"] == steps
     run(["git", "checkout", "params.yaml", "dvc.lock"], repo)
+
+
+def test_two_queued_experiments_run_as_two_slurm_jobs_at_once_and_both_register(slurm_cluster, slurm_repo):
+    """`dvc exp run --queue` twice, `dvc queue start -j 2`: each experiment's stages are Slurm jobs named after it,
+    one node each, so the two run side by side; both are registered in the workspace's MLflow store."""
+    import mlflow
+
+    repo = slurm_repo
+    run(["git", "checkout", "params.yaml", "dvc.lock"], repo)
+    client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    versions_before = len(client.search_model_versions("name='lora-pipeline'"))
+    names = {"sweep-r4": 4, "sweep-r16": 16}
+    for name, rank in names.items():
+        run(["dvc", "exp", "run", "--queue", "-n", name, "-S", "launch.launcher=slurm", "-S", f"lora.r={rank}"], repo)
+    run(["dvc", "queue", "start", "-j", "2"], repo)
+    seen_together = set()
+    try:
+        while True:
+            running = {line.split()[1].split(":")[0] for line in queue() if line.split()[2] == "RUNNING"}
+            if set(names) <= running:
+                seen_together |= running
+            status = run(["dvc", "queue", "status"], repo)
+            if not re.search(r"\b(Queued|Running)\b", status):
+                break
+            time.sleep(1)
+    finally:
+        run(["dvc", "queue", "stop"], repo)
+    assert all(re.search(rf"\b{name}\b.*\bSuccess\b", status) for name in names), status
+    assert set(names) <= seen_together, "the two experiments' jobs never ran at once"
+    jobs = [job["Name"] for job in finished_jobs(slurm_cluster)]
+    for name in names:
+        assert {f"{name}:{stage}" for stage in ("train", "merge", "evaluate")} <= set(jobs), jobs
+    assert len(client.search_model_versions("name='lora-pipeline'")) == versions_before + 2
+    assert queue() == []
+
