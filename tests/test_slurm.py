@@ -6,6 +6,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -217,26 +218,34 @@ def test_two_queued_experiments_run_as_two_slurm_jobs_at_once_and_both_register(
     versions_before = len(client.search_model_versions("name='lora-pipeline'"))
     names = {"sweep-r4": 4, "sweep-r16": 16}
     for name, rank in names.items():
-        run(["dvc", "exp", "run", "--queue", "-n", name, "-S", "launch.launcher=slurm", "-S", f"lora.r={rank}"], repo)
-    run(["dvc", "queue", "start", "-j", "2"], repo)
-    seen_together = set()
-    try:
-        while True:
+        run(["dvc", "exp", "run", "--queue", "-n", name, "-S", "launch.launcher=slurm", "-S", f"lora.r={rank}",
+             "-S", "eval.include_base=false"], repo)  # evaluate_base then loads no model
+    together, done = [], threading.Event()
+
+    def watch():  # squeue twice a second: which experiments have a job running at once
+        while not done.is_set():
             running = {line.split()[1].split(":")[0] for line in queue() if line.split()[2] == "RUNNING"}
             if set(names) <= running:
-                seen_together |= running
-            status = run(["dvc", "queue", "status"], repo)
-            if not re.search(r"\b(Queued|Running)\b", status):
-                break
-            time.sleep(1)
+                together.append(running)
+            time.sleep(0.5)
+
+    watching = threading.Thread(target=watch)
+    watching.start()
+    run(["dvc", "queue", "start", "-j", "2"], repo)
+    try:
+        while re.search(r"\b(Queued|Running)\b", status := run(["dvc", "queue", "status"], repo)):
+            time.sleep(2)
     finally:
+        done.set()
+        watching.join()
         run(["dvc", "queue", "stop"], repo)
     assert all(re.search(rf"\b{name}\b.*\bSuccess\b", status) for name in names), status
-    assert set(names) <= seen_together, "the two experiments' jobs never ran at once"
+    assert together, "the two experiments' jobs never ran at once"
     jobs = [job["Name"] for job in finished_jobs(slurm_cluster)]
     for name in names:
         assert {f"{name}:{stage}" for stage in ("train", "merge", "evaluate")} <= set(jobs), jobs
     assert len(client.search_model_versions("name='lora-pipeline'")) == versions_before + 2
     assert queue() == []
+
 
 
