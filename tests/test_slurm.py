@@ -190,6 +190,7 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     output = proc.communicate()[0]
     assert proc.returncode != 0, output[-3000:]
     assert wait_until_queue_empty() == []
+    assert finished_jobs(slurm_cluster)[-1]["JobState"] == "CANCELLED"
     cancelled_at = checkpoint_steps(repo)[-1]
 
     proc = start_train(repo)
@@ -198,6 +199,7 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     output = proc.communicate()[0]
     assert "resuming from checkpoints/train-" in output
     assert wait_until_queue_empty() == [], "the Slurm job outlived the dvc run that started it"
+    assert finished_jobs(slurm_cluster)[-1]["JobState"] == "CANCELLED"  # by the launch, before training ended
     stopped_at = checkpoint_steps(repo)[-1]
     assert stopped_at > cancelled_at
 
@@ -246,6 +248,7 @@ def test_two_queued_experiments_run_as_two_slurm_jobs_at_once_and_both_register(
         assert {f"{name}:{stage}" for stage in ("train", "merge", "evaluate")} <= set(jobs), jobs
     assert len(client.search_model_versions("name='lora-pipeline'")) == versions_before + 2
     assert queue() == []
+
 
 
 
