@@ -248,7 +248,3 @@ def test_two_queued_experiments_run_as_two_slurm_jobs_at_once_and_both_register(
         assert {f"{name}:{stage}" for stage in ("train", "merge", "evaluate")} <= set(jobs), jobs
     assert len(client.search_model_versions("name='lora-pipeline'")) == versions_before + 2
     assert queue() == []
-
-
-
-
