@@ -12,6 +12,7 @@ from lora_pipeline import dvcfiles
 from lora_pipeline.cache import cached
 from lora_pipeline.eval_checks import check_eval, check_gate_metric, check_register
 from lora_pipeline.formats import Converter, FormatError, check_format
+from lora_pipeline.launch import check_launch
 from lora_pipeline.local_data import check_data, local_objects, local_rows
 from lora_pipeline.metrics import asks_reasoning_language
 from lora_pipeline.machine import check_eval_launch, check_machine, distributed_type
@@ -40,14 +41,15 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
         lambda: check_tiny(view.model),
         lambda: check_library_fields(view.train, view.lora),
         lambda: check_scheduler(view.train),
-        lambda: check_machine(view.model, view.train, root),
+        lambda: check_machine(view.model, view.train, root, view.launch),
+        lambda: check_launch(view, root),
         lambda: check_base_model(view.model, view.lora, root),
         lambda: check_quantization(view.model, view.quantization, view.train, distributed_type(view.train, root), root),
         lambda: check_packed_experts(view.model, view.lora, distributed_type(view.train, root),
                                      view.train.accelerate_config, root),
         lambda: check_save_format(view.model, view.merge, root),
         lambda: check_eval(view.eval),
-        lambda: check_eval_launch(view.eval, root),
+        lambda: check_eval_launch(view.eval, root, view.launch),
         lambda: check_register(view.register),
         lambda: check_mlflow_names(view.register),
         lambda: check_gate_metric(view.register, view.eval, view.data.source),

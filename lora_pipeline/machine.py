@@ -1,5 +1,5 @@
-"""The accelerate config a training launches with, and whether this machine can run it: its processes, GPUs,
-mixed precision and attention kernels."""
+"""The accelerate config a training launches with, and whether the machines it runs on can run it: its processes,
+GPUs, mixed precision and attention kernels, and the launch params (this machine, or Slurm nodes)."""
 from __future__ import annotations
 
 import importlib.util
@@ -64,14 +64,20 @@ def gpu_count_problem(train, config: dict, key: str = "train.accelerate_config")
             "use_cpu: true (cpu, cpu_ddp)")
 
 
-def check_machine(model, train, root: Path = ROOT) -> None:
-    """Settings this machine cannot run: mixed precision needs a GPU, flash attention a GPU and flash-attn (flex
-    attention falls back to sdpa on a CPU), FSDP and DeepSpeed GPUs (and DeepSpeed its package), and an accelerate
-    config a GPU for each process it starts here."""
+def on_slurm(launch) -> bool:
+    """Whether the accelerator stages run on Slurm nodes (launch.launcher slurm) rather than on this machine."""
+    return launch is not None and launch.launcher == "slurm"
+
+
+def check_machine(model, train, root: Path = ROOT, launch=None) -> None:
+    """Settings the machine that trains cannot run: mixed precision needs a GPU, flash attention a GPU and flash-attn
+    (flex attention falls back to sdpa on a CPU), FSDP and DeepSpeed GPUs (and DeepSpeed its package), and an
+    accelerate config a GPU for each process it starts here. On Slurm the nodes' GPUs are launch.slurm.gpus_per_node
+    (check_launch), not this machine's."""
     import torch
 
     problems = []
-    gpu = torch.cuda.is_available()
+    gpu = torch.cuda.is_available() or (on_slurm(launch) and launch.slurm.gpus_per_node > 0)
     config = accelerate_config(train, root)
     distributed, lacking = config.get("distributed_type"), []
     sharded_without_gpu = distributed in SHARDED and not gpu  # the train stage's use_cpu: plain data parallel
@@ -82,7 +88,7 @@ def check_machine(model, train, root: Path = ROOT) -> None:
     if lacking:
         problems.append(f"train.accelerate_config: {train.accelerate_config} ({distributed}, the model sharded over "
                         f"GPUs) needs {' and '.join(lacking)}, which this machine lacks; allowed here: cpu, cpu_ddp")
-    if not sharded_without_gpu and (problem := gpu_count_problem(train, config)):
+    if not sharded_without_gpu and not on_slurm(launch) and (problem := gpu_count_problem(train, config)):
         problems.append(problem)  # e.g. multi_gpu without a GPU would train 8 processes over gloo
     if not gpu and (train.sft.bf16 or train.sft.fp16):
         problems.append(f"train.sft.bf16 / train.sft.fp16: mixed precision needs a CUDA GPU and none is present (got "
@@ -96,7 +102,7 @@ def check_machine(model, train, root: Path = ROOT) -> None:
         raise ValueError("\n".join(problems))
 
 
-def check_eval_launch(ev, root: Path = ROOT) -> None:
+def check_eval_launch(ev, root: Path = ROOT, launch=None) -> None:
     """The evaluation stages run one whole model per process (each takes its share of the prompts): an accelerate
     config that shards the model does not fit them, nor one with more GPU processes than this machine has GPUs."""
     config = accelerate_config(ev, root)
@@ -104,5 +110,6 @@ def check_eval_launch(ev, root: Path = ROOT) -> None:
         raise ValueError(f"eval.accelerate_config: {ev.accelerate_config} ({config['distributed_type']}) shards the "
                          "model over processes, but each evaluation process holds a whole model; allowed: cpu, "
                          "cpu_ddp, single_gpu, multi_gpu, multi_gpu_2")
-    if problem := gpu_count_problem(ev, config, "eval.accelerate_config"):
+    if not on_slurm(launch) and (problem := gpu_count_problem(ev, config, "eval.accelerate_config")):
         raise ValueError(problem)
+

@@ -199,8 +199,24 @@ def accelerate_config_name(name: str) -> str:
 AccelerateConfig = Annotated[str, AfterValidator(accelerate_config_name)]
 
 
+class Slurm(_Section):
+    """Slurm's own settings for the jobs of launch.launcher slurm, passed to srun as they are ("" and 0: Slurm's
+    default)."""
+    partition: str
+    account: str
+    time: str
+    gpus_per_node: int = Field(ge=0)
+    cpus_per_task: int = Field(ge=0)
+
+
+class Launch(_Section):
+    launcher: Literal["local", "slurm"]
+    slurm: Slurm
+
+
 class Train(_Section):
     accelerate_config: AccelerateConfig
+    nodes: int = Field(ge=1)
     liger: bool
     compile_layers: Literal["none", "default", "max-autotune-no-cudagraphs", "reduce-overhead"]
     flex_block_mask: Literal["auto", "eager", "compiled"]
@@ -250,6 +266,7 @@ class Mgsm(_Section):
 
 class Eval(_Section):
     accelerate_config: AccelerateConfig
+    nodes: int = Field(ge=1)
     languages: list[str]
     prompts: int = Field(ge=1)
     max_new_tokens: int = Field(ge=1)
@@ -284,6 +301,7 @@ class Params(_Section):
     model: Model
     quantization: Quantization
     split: Split
+    launch: Launch
     train: Train
     lora: Lora
     merge: Merge

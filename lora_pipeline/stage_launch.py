@@ -41,13 +41,13 @@ def _pass_on(signum, frame) -> None:
         child.send_signal(signum)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, stage: str | None = None) -> None:
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = launch_command_parser().parse_args(argv)
-    stage = os.environ.get("DVC_STAGE") or args.training_script.rsplit(".", 1)[-1]
+    stage = stage or os.environ.get("DVC_STAGE") or args.training_script.rsplit(".", 1)[-1]
     started = time.time()
     for signum in (signal.SIGTERM, signal.SIGINT):  # torch's multi-process launcher installs its own
         signal.signal(signum, _pass_on)

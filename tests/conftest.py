@@ -2,6 +2,7 @@
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_ca
 
 # Fixtures that run the pipeline, a training, DVC or an MLflow model (or build on one that does): their tests are e2e.
 E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "remotes", "queued", "default_pipeline",
-                "pipeline_copy"}
+                "pipeline_copy", "slurm_cluster"}
 
 
 # Session fixtures that run a pipeline. make test runs two pytest-xdist workers (--dist loadgroup): every test that
@@ -264,3 +265,42 @@ def short_runs(tmp_path_factory):
             "models/merged/model.safetensors"]
     return [ShortRun(repo, output_md5s(repo), {path: (repo / path).read_bytes() for path in kept})
             for repo in (first, second)]
+
+
+SLURM_CLUSTER = ROOT / "tests" / "slurm" / "cluster.sh"
+SLURM_DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "squeue", "scancel", "scontrol")
+
+
+def free_port_run(count: int, start: int = 16817) -> int:
+    """The first of `count` consecutive ports from `start` on that nothing listens on here."""
+    def free(port):
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) != 0
+    port = start
+    while not all(free(port + i) for i in range(count)):
+        port += count
+    return port
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """The two-node Slurm of tests/slurm (nodes n1 and n2 on this machine, one CPU each), started for the tests that
+    use it and stopped after them; SLURM_CONF points srun, squeue and scancel (and the pipeline's commands) at it.
+    Skipped only where Slurm's packages are not installed (.ci/run installs them); a cluster that does not come up
+    fails the tests."""
+    missing = [tool for tool in SLURM_DAEMONS if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"Slurm is not installed here (no {', '.join(missing)}): tests/slurm/cluster.sh install "
+                    "installs Debian's slurmctld, slurmd, slurm-client and munge (as root)")
+    state = tmp_path_factory.mktemp("slurm")
+    env = {**os.environ, "LORA_SLURM_STATE": str(state), "LORA_SLURM_PORT": str(free_port_run(3))}
+    started = subprocess.run([str(SLURM_CLUSTER), "start"], env=env, capture_output=True, text=True)
+    if started.returncode:
+        subprocess.run([str(SLURM_CLUSTER), "stop"], env=env, capture_output=True)
+        pytest.fail(f"the test Slurm did not start:\n{started.stdout}{started.stderr}"[-4000:])
+    os.environ["SLURM_CONF"] = str(state / "slurm.conf")
+    try:
+        yield state
+    finally:
+        subprocess.run([str(SLURM_CLUSTER), "stop"], env=env, capture_output=True)
+        os.environ.pop("SLURM_CONF", None)

@@ -140,6 +140,15 @@ BAD = [
          "starts 8 processes on this machine (num_processes 16 / num_machines 2)", no_gpu),
     case({"model.attn_implementation": "flash_attention_2"}, "model.attn_implementation", "flash_attention_2",
          pytest.mark.skipif(HAS_FLASH_ATTN, reason="this machine runs flash attention")),
+    # the launch: several nodes need Slurm; a node's GPUs each need a process
+    case({"train.nodes": 2}, "train.nodes", "2 nodes need launch.launcher slurm"),
+    case({"eval.nodes": 3}, "eval.nodes", "3 nodes need launch.launcher slurm"),
+    case({"launch.launcher": "slurm", "launch.slurm.gpus_per_node": 8}, "launch.slurm.gpus_per_node",
+         "8 GPUs per node, but train.accelerate_config cpu starts 1 process per node"),
+    case({"launch.launcher": "slurm", "launch.slurm.gpus_per_node": 2, "train.accelerate_config": "multi_gpu_2",
+          "eval.accelerate_config": "cpu"}, "launch.slurm.gpus_per_node", "eval.accelerate_config cpu starts 1"),
+    case({"launch.launcher": "pbs"}, "launch.launcher", "'pbs'"),
+    case({"train.nodes": 0}, "train.nodes", "(got 0)"),
 ]
 
 
@@ -184,6 +193,35 @@ def test_every_problem_is_reported_at_once():
 ], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items()) or "shipped")
 def test_good_params_pass(changes):
     assert validate_all(shipped(**changes)).lora.r >= 1
+
+
+def with_srun(tmp_path, monkeypatch):
+    """PATH with an `srun` that accepts every job (validate asks `srun --test-only`), and no other Slurm command:
+    the checks of the params themselves, whatever Slurm this machine reaches (tests/test_slurm.py asks a real one)."""
+    (tmp_path / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+
+def test_slurm_needs_srun_on_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ParamsError, match=r"launch\.launcher: slurm starts jobs with srun, which is not on PATH"):
+        validate_all(shipped(**{"launch.launcher": "slurm"}))
+    with_srun(tmp_path, monkeypatch)
+    validate_all(shipped(**{"launch.launcher": "slurm", "train.nodes": 2, "eval.nodes": 2}))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_gpu_configs_on_slurm_count_the_nodes_gpus_not_this_machines(tmp_path, monkeypatch):
+    """A login node without a GPU launches 8-GPU processes on Slurm nodes with 8 GPUs each; locally it refuses."""
+    gpu_nodes = {"train.accelerate_config": "multi_gpu", "eval.accelerate_config": "multi_gpu", "train.nodes": 2,
+                 "train.sft.bf16": True}
+    with pytest.raises(ParamsError, match="train.accelerate_config: multi_gpu starts 8 processes on this machine"):
+        validate_all(shipped(**{**gpu_nodes, "train.nodes": 1}))
+    with_srun(tmp_path, monkeypatch)
+    validate_all(shipped(**gpu_nodes, **{"launch.launcher": "slurm", "launch.slurm.gpus_per_node": 8}))
+    with pytest.raises(ParamsError, match="train.sft.bf16 / train.sft.fp16: mixed precision needs a CUDA GPU"):
+        validate_all(shipped(**gpu_nodes, **{"launch.launcher": "slurm"}))  # CPU nodes
 
 
 def test_local_model_is_checked_against_its_config(tmp_path):

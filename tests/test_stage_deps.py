@@ -15,16 +15,20 @@ DVC_STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
 def stage_modules(cmd: str) -> list[str]:
-    """The modules a stage's cmd runs: `python -m stages.X`, or a launcher's and the stage's
-    (`python -m lora_pipeline.stage_launch ... -m stages.X`)."""
-    found = re.findall(r"-m\s+([\w.]+)", cmd)
+    """The modules a stage's cmd runs: `python -m stages.X`, or `python -m lora_pipeline.launch <stage>` and the
+    module that launch starts for the stage (lora_pipeline.launch.STAGES)."""
+    from lora_pipeline.launch import STAGES
+
+    found = re.search(r"-m\s+([\w.]+)(?:\s+(\w+))?", cmd)
     assert found, f"no `-m <module>` in cmd {cmd!r}"
-    return found
+    if found.group(1) == "lora_pipeline.launch":
+        return [found.group(1), STAGES[found.group(2)][0][0]]
+    return [found.group(1)]
 
 
-def cmd_files(root: Path, cmd: str) -> set[Path]:
-    """The project files a stage's cmd imports, through every module it runs."""
-    return set().union(*(reached_files(root, module) for module in stage_modules(cmd)))
+def stage_files(stage: str, root: Path = ROOT) -> set[Path]:
+    """The project files that a stage's cmd can import."""
+    return {path for module in stage_modules(DVC_STAGES[stage]["cmd"]) for path in reached_files(root, module)}
 
 
 def module_file(root: Path, name: str) -> Path | None:
@@ -84,9 +88,18 @@ def has_code(root: Path, path: Path) -> bool:
     return bool(body) or path.name != "__init__.py"
 
 
+def cmd_files(root: Path, cmd: str) -> set[Path]:
+    """The project files a cmd imports, through every module it runs."""
+    return set().union(*(reached_files(root, module) for module in stage_modules(cmd)))
+
+
 def required_files(root: Path, cmd: str) -> set[Path]:
     """The files a stage running `cmd` must list in its deps."""
     return {path for path in cmd_files(root, cmd) if has_code(root, path)}
+
+
+def stage_required(stage: str) -> set[Path]:
+    return {path for path in stage_files(stage) if has_code(ROOT, path)}
 
 
 def covers(dep: str, path: Path) -> bool:
@@ -109,21 +122,21 @@ def stage_deps(stage: str) -> list[str]:
 
 @pytest.mark.parametrize("stage", sorted(DVC_STAGES))
 def test_deps_list_every_module_the_stage_imports(stage):
-    required = required_files(ROOT, DVC_STAGES[stage]["cmd"])
+    required = stage_required(stage)
     missing = missing_deps(stage_deps(stage), required)
     assert not missing, f"stage {stage}: dvc.yaml deps miss {', '.join(missing)}"
 
 
 @pytest.mark.parametrize("stage", sorted(DVC_STAGES))
 def test_deps_list_no_module_the_stage_cannot_import(stage):
-    reached = cmd_files(ROOT, DVC_STAGES[stage]["cmd"])
+    reached = stage_files(stage)
     stale = stale_deps(stage_deps(stage), reached)
     assert not stale, f"stage {stage}: dvc.yaml deps list {', '.join(stale)}, which it never imports"
 
 
 @pytest.mark.parametrize("stage", sorted(DVC_STAGES))
 def test_a_dropped_module_is_named(stage):
-    required = required_files(ROOT, DVC_STAGES[stage]["cmd"])
+    required = stage_required(stage)
     dropped = sorted(str(path) for path in required)[-1]
     deps = [dep for dep in stage_deps(stage) if dep != dropped]
     assert dropped in missing_deps(deps, required)
@@ -146,7 +159,7 @@ RUN_BY = {
 def test_only_the_stages_that_run_a_data_module_depend_on_it(module):
     listing = {stage for stage in DVC_STAGES if any(covers(dep, Path(module)) for dep in stage_deps(stage))}
     running = {stage for stage in DVC_STAGES
-               if Path(module) in cmd_files(ROOT, DVC_STAGES[stage]["cmd"])}
+               if Path(module) in stage_files(stage)}
     assert listing == running == RUN_BY[module], f"{module}: listed by {sorted(listing)}, run by {sorted(running)}"
 
 

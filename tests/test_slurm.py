@@ -1,0 +1,250 @@
+"""The accelerator stages through a real two-node Slurm (tests/slurm: nodes n1 and n2 on this machine, one CPU each),
+run by dvc: the adapter of one machine's two processes from two nodes, the evaluation of one process from two nodes,
+a refused partition, a cancelled job and a stopped `dvc repro`."""
+import json
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run, run_env, set_params
+from lora_pipeline.checkpoints import MANIFEST
+from lora_pipeline.launch import hostnames, main_port
+
+pytestmark = pytest.mark.e2e
+
+# Few steps and prompts: the figures compared do not need more.
+SMALL = {"train.sft.max_steps": 6, "train.sft.logging_steps": 1, "eval.prompts": 2, "eval.max_new_tokens": 48,
+         "eval.mgsm.path": ""}
+TWO_NODES = {"launch.launcher": "slurm", "train.accelerate_config": "cpu", "train.nodes": 2}
+ADAPTER = ["models/adapter/adapter_model.safetensors", "models/adapter/adapter_config.json", "metrics/train.json"]
+
+
+@pytest.fixture(scope="module")
+def slurm_repo(slurm_cluster, default_pipeline, tmp_path_factory) -> Path:
+    """One copy of the built default for every test here, SMALL, committed; the tests run in it in turn."""
+    repo = Path(shutil.copytree(default_pipeline, tmp_path_factory.mktemp("slurm-pipeline") / "repo"))
+    set_params(repo, **SMALL)
+    run(["git", "commit", "-qam", "small"], repo)
+    return repo
+
+
+def finished_jobs(cluster: Path) -> list[dict]:
+    """Slurm's record of each finished job (JobCompType jobcomp/filetxt; the test cluster keeps no accounting
+    database for sacct), oldest first."""
+    log = cluster / "jobcomp.log"
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in lines]
+
+
+def queue() -> list[str]:
+    """squeue's jobs: 'id name state nodes' each."""
+    listed = subprocess.run(["squeue", "--noheader", "--format=%i %j %T %N"], capture_output=True, text=True,
+                            check=True, env=run_env())
+    return listed.stdout.splitlines()
+
+
+def test_a_node_of_a_two_node_step_knows_its_rank_main_node_and_port(slurm_cluster, slurm_repo):
+    """What srun tells each node's launcher, read back as the accelerate command that node runs."""
+    script = ("from pathlib import Path; from lora_pipeline.launch import node_command; "
+              "from lora_pipeline.params import validate; from lora_pipeline.dvcfiles import read_yaml; "
+              "print(' '.join(node_command('train', validate(read_yaml(Path('params.yaml'))))))")
+    set_params(slurm_repo, **TWO_NODES)
+    try:
+        output = run(["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--label", "python", "-c", script],
+                     slurm_repo)
+    finally:
+        run(["git", "checkout", "params.yaml"], slurm_repo)
+    lines = dict(line.split(": ", 1) for line in output.splitlines() if re.match(r"\d+: ", line))
+    assert set(lines) == {"0", "1"}, output
+    for rank, command in lines.items():
+        assert f"--multi_gpu --num_machines 2 --num_processes 2 --machine_rank {rank} --main_process_ip 127.0.0.1" \
+            in command, command
+        assert "--num_cpu_threads_per_process 1" in command  # one CPU per node here, not this machine's cores
+    ports = {re.search(r"--main_process_port (\d+)", command).group(1) for command in lines.values()}
+    assert len(ports) == 1, lines  # one rendezvous for both
+    assert hostnames("n[1-2]") == ["n1", "n2"]
+    assert main_port({"SLURM_JOB_ID": "7"}) != main_port({"SLURM_JOB_ID": "8"})
+
+
+def test_train_on_two_nodes_gives_the_adapter_of_two_processes_on_one_machine(slurm_cluster, slurm_repo):
+    """cpu_ddp here (2 processes, DDP over gloo) and 2 Slurm nodes x 1 process (accelerate multi-node over gloo):
+    the same global batch (16 x 2), the same ranks, one thread per process: the same bytes."""
+    repo = slurm_repo
+    set_params(repo, **{"train.accelerate_config": "cpu_ddp"})
+    run(["dvc", "repro", "train"], repo)
+    one_machine = {path: (repo / path).read_bytes() for path in ADAPTER}
+    before = len(finished_jobs(slurm_cluster))
+
+    set_params(repo, **TWO_NODES)
+    output = run(["dvc", "repro", "train"], repo)
+    assert "srun --job-name=train --nodes=2 --ntasks=2" in output, output[-3000:]
+    jobs = finished_jobs(slurm_cluster)[before:]
+    assert [(job["Name"], job["JobState"], job["NodeList"], job["NodeCnt"]) for job in jobs] == \
+        [("train", "COMPLETED", "n[1-2]", "2")], jobs
+    assert json.loads((repo / "metrics/train.json").read_text())["world_size"] == 2
+    two_nodes = {path: (repo / path).read_bytes() for path in ADAPTER}
+    assert two_nodes == one_machine
+    assert queue() == []
+    run(["git", "checkout", "params.yaml"], repo)
+
+
+def test_exp_run_on_slurm_runs_every_accelerator_stage_there_and_registers(slurm_cluster, slurm_repo):
+    """`dvc exp run` with the Slurm params: train, merge, evaluate_base and evaluate run as Slurm jobs named after
+    the experiment, register records the model; evaluate over 2 nodes writes what it writes over 1, and a change of
+    eval.nodes re-runs the evaluations alone."""
+    repo = slurm_repo
+    before = len(finished_jobs(slurm_cluster))
+    sets = [arg for key, value in {**TWO_NODES, "eval.nodes": 2}.items() for arg in ("-S", f"{key}={value}")]
+    run(["dvc", "exp", "run", "-n", "two-nodes", *sets], repo)
+    jobs = {job["Name"]: job for job in finished_jobs(slurm_cluster)[before:]}
+    for stage, nodes in (("merge", "1"), ("evaluate_base", "2"), ("evaluate", "2")):
+        assert jobs[f"two-nodes:{stage}"]["JobState"] == "COMPLETED" and jobs[f"two-nodes:{stage}"]["NodeCnt"] == nodes
+    assert (repo / "models/registered.json").is_file()
+    outputs = ["metrics/eval.json", "metrics/eval_base.json", "reports/generations.jsonl"]
+    two_nodes = {path: (repo / path).read_text() for path in outputs}
+
+    output = run(["dvc", "exp", "run", "-n", "one-node", "-S", "eval.nodes=1"], repo)
+    for stage in ("train", "merge"):
+        assert f"Stage '{stage}' didn't change, skipping" in output
+    assert {path: (repo / path).read_text() for path in outputs[2:]} == {p: two_nodes[p] for p in outputs[2:]}
+    for path in outputs[:2]:  # held-out loss: float sums over 2 processes may round otherwise in the last bits
+        two, one = json.loads(two_nodes[path]), json.loads((repo / path).read_text())
+        assert two["test"].pop("loss") == pytest.approx(one["test"].pop("loss"), rel=1e-6)
+        assert two["test"].pop("perplexity") == pytest.approx(one["test"].pop("perplexity"), rel=1e-6)
+        two.pop("base", None), one.pop("base", None)
+        assert two == one
+    shown = run(["dvc", "exp", "show", "--csv"], repo)
+    assert "two-nodes" in shown and "one-node" in shown
+    assert queue() == []
+
+
+def test_an_unknown_partition_is_refused_before_any_stage_runs(slurm_repo):
+    repo = slurm_repo
+    before = {path: (repo / path).read_bytes() for path in ADAPTER + ["metrics/eval.json"]}
+    set_params(repo, **TWO_NODES, **{"launch.slurm.partition": "nosuch"})
+    proc = subprocess.run(["dvc", "repro"], cwd=repo, env=run_env(), capture_output=True, text=True)
+    run(["git", "checkout", "params.yaml"], repo)
+    assert proc.returncode != 0
+    refusal = next((line for line in (proc.stdout + proc.stderr).splitlines() if "launch.slurm.partition" in line), "")
+    assert "Slurm refuses train's job (" in refusal and "invalid partition specified: nosuch" in refusal, \
+        proc.stdout + proc.stderr
+    assert "Running stage 'train'" not in proc.stdout + proc.stderr
+    assert {path: (repo / path).read_bytes() for path in before} == before
+
+
+def test_validate_asks_slurm_whether_it_would_run_each_job(slurm_cluster, monkeypatch):
+    """srun --test-only: a job that asks for more nodes than the cluster has is refused with Slurm's reason."""
+    from helpers import shipped
+    from lora_pipeline.checks import validate_all
+    from lora_pipeline.params import ParamsError
+
+    monkeypatch.chdir(ROOT)
+    validate_all(shipped(**TWO_NODES, **{"eval.nodes": 2}))
+    with pytest.raises(ParamsError, match=r"launch.slurm: Slurm refuses evaluate_base's job \(--nodes=3 .*\): "
+                                          r"Requested node configuration is not available"):
+        validate_all(shipped(**TWO_NODES, **{"eval.nodes": 3}))
+
+
+def wait_for(condition, proc, what: str):
+    """Poll until condition() holds; fail if proc ends first."""
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before {what}:\n{proc.stdout.read()[-3000:]}")
+        time.sleep(0.5)
+
+
+def checkpoint_steps(repo: Path) -> list[int]:
+    """The steps of the complete checkpoints (each one's manifest is written last)."""
+    manifests = (repo / "checkpoints").glob(f"train-*/checkpoint-*/{MANIFEST}")
+    return sorted(int(path.parent.name.split("-")[1]) for path in manifests)
+
+
+def start_train(repo: Path) -> subprocess.Popen:
+    return subprocess.Popen(["dvc", "repro", "--no-run-cache", "train"], cwd=repo, env=run_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_until_queue_empty():
+    deadline = time.monotonic() + 120  # Slurm's KillWait (30 s) bounds it; a loaded machine is slow
+    while queue() and time.monotonic() < deadline:
+        time.sleep(1)
+    return queue()
+
+
+def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster, slurm_repo):
+    """scancel mid-train: the processes save a checkpoint, the stage fails; the next run resumes from it. SIGTERM
+    to `dvc repro` alone (DVC leaves its stage's command running): the launch cancels its job, squeue is empty after,
+    and the run after resumes and ends at max_steps."""
+    repo, steps = slurm_repo, 30
+    set_params(repo, **TWO_NODES, **{"train.sft.max_steps": steps, "train.checkpoint_steps": 2, "lora.r": 4})
+    proc = start_train(repo)
+    wait_for(lambda: checkpoint_steps(repo), proc, "a checkpoint")
+    job = next(line.split()[0] for line in queue() if line.split()[1] == "train")
+    subprocess.run(["scancel", job], check=True, env=run_env())
+    output = proc.communicate()[0]
+    assert proc.returncode != 0, output[-3000:]
+    assert wait_until_queue_empty() == []
+    assert finished_jobs(slurm_cluster)[-1]["JobState"] == "CANCELLED"
+    cancelled_at = checkpoint_steps(repo)[-1]
+
+    proc = start_train(repo)
+    wait_for(lambda: checkpoint_steps(repo)[-1] > cancelled_at, proc, "a checkpoint past the first")
+    proc.send_signal(signal.SIGTERM)  # to DVC alone
+    output = proc.communicate()[0]
+    assert "resuming from checkpoints/train-" in output
+    assert wait_until_queue_empty() == [], "the Slurm job outlived the dvc run that started it"
+    assert finished_jobs(slurm_cluster)[-1]["JobState"] == "CANCELLED"  # by the launch, before training ended
+    stopped_at = checkpoint_steps(repo)[-1]
+    assert stopped_at > cancelled_at
+
+    output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
+    assert f"checkpoint-{stopped_at}" in output and "resuming from" in output
+    assert json.loads((repo / "metrics/train.json").read_text())["steps"] == steps
+    run(["git", "checkout", "params.yaml", "dvc.lock"], repo)
+
+
+def test_two_queued_experiments_run_as_two_slurm_jobs_at_once_and_both_register(slurm_cluster, slurm_repo):
+    """`dvc exp run --queue` twice, `dvc queue start -j 2`: each experiment's stages are Slurm jobs named after it,
+    one node each, so the two run side by side; both are registered in the workspace's MLflow store."""
+    import mlflow
+
+    repo = slurm_repo
+    run(["git", "checkout", "params.yaml", "dvc.lock"], repo)
+    client = mlflow.MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    versions_before = len(client.search_model_versions("name='lora-pipeline'"))
+    names = {"sweep-r4": 4, "sweep-r16": 16}
+    for name, rank in names.items():
+        run(["dvc", "exp", "run", "--queue", "-n", name, "-S", "launch.launcher=slurm", "-S", f"lora.r={rank}",
+             "-S", "eval.include_base=false"], repo)  # evaluate_base then loads no model
+    together, done = [], threading.Event()
+
+    def watch():  # squeue twice a second: which experiments have a job running at once
+        while not done.is_set():
+            running = {line.split()[1].split(":")[0] for line in queue() if line.split()[2] == "RUNNING"}
+            if set(names) <= running:
+                together.append(running)
+            time.sleep(0.5)
+
+    watching = threading.Thread(target=watch)
+    watching.start()
+    run(["dvc", "queue", "start", "-j", "2"], repo)
+    try:
+        while re.search(r"\b(Queued|Running)\b", status := run(["dvc", "queue", "status"], repo)):
+            time.sleep(2)
+    finally:
+        done.set()
+        watching.join()
+        run(["dvc", "queue", "stop"], repo)
+    assert all(re.search(rf"\b{name}\b.*\bSuccess\b", status) for name in names), status
+    assert together, "the two experiments' jobs never ran at once"
+    jobs = [job["Name"] for job in finished_jobs(slurm_cluster)]
+    for name in names:
+        assert {f"{name}:{stage}" for stage in ("train", "merge", "evaluate")} <= set(jobs), jobs
+    assert len(client.search_model_versions("name='lora-pipeline'")) == versions_before + 2
+    assert queue() == []
