@@ -1,6 +1,7 @@
 """merge's weight check (lora_pipeline.merge_check) on a tiny bf16 gpt-oss whose router scores are nearly tied: it
-passes a correct merge and fails a lost adapter, a module left unmerged and a weight changed that no LoRA adapts,
-where the logit rule merge used to gate on fails the correct merge and passes the lost adapter (routing luck)."""
+passes correct merges and fails a lost adapter, a module left unmerged and a weight changed that no LoRA adapts.
+The logit rule merge used to gate on fails the correct merge of a trained adapter (rounding sends tokens to other
+experts) and passes the loss of an adapter whose effect is below its tolerance."""
 from types import SimpleNamespace
 
 import pytest
