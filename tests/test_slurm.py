@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import ROOT, run, run_env, set_params
@@ -170,6 +171,19 @@ def start_train(repo: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def pause_training(repo: Path) -> list:
+    """SIGSTOP the training processes that Slurm started in `repo` (they are slurmstepd's, not DVC's, children), so
+    training cannot run on while a cancel is on its way. A Slurm cancel sends SIGCONT before SIGTERM."""
+    while True:
+        found = [proc for proc in psutil.process_iter(["cmdline", "cwd"]) if proc.info["cwd"] == str(repo)
+                 and re.fullmatch(r"\S+ (-u )?-m stages\.train", " ".join(proc.info["cmdline"] or []))]
+        if found:
+            for proc in found:
+                proc.suspend()
+            return found
+        time.sleep(0.1)
+
+
 def wait_until_queue_empty():
     deadline = time.monotonic() + 120  # Slurm's KillWait (30 s) bounds it; a loaded machine is slow
     while queue() and time.monotonic() < deadline:
@@ -185,6 +199,7 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     set_params(repo, **TWO_NODES, **{"train.sft.max_steps": steps, "train.checkpoint_steps": 2, "lora.r": 4})
     proc = start_train(repo)
     wait_for(lambda: checkpoint_steps(repo), proc, "a checkpoint")
+    pause_training(repo)  # however fast this machine trains, the cancel lands before max_steps
     job = next(line.split()[0] for line in queue() if line.split()[1] == "train")
     subprocess.run(["scancel", job], check=True, env=run_env())
     output = proc.communicate()[0]
@@ -195,6 +210,7 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
 
     proc = start_train(repo)
     wait_for(lambda: checkpoint_steps(repo)[-1] > cancelled_at, proc, "a checkpoint past the first")
+    pause_training(repo)
     proc.send_signal(signal.SIGTERM)  # to DVC alone
     output = proc.communicate()[0]
     assert "resuming from checkpoints/train-" in output
