@@ -38,11 +38,11 @@ lint: setup
 # sets (params.yaml keeps every other value). RECIPE=seed/qwen2-0.5b: the seed notebook's exact settings.
 # EXP_ARGS="--queue" (or "--temp") is passed on to dvc exp run.
 recipe: setup
-	$(RUN) python -m lora_pipeline.recipes $(RECIPE) -- $(EXP_ARGS)
+	$(RUN) python -m cli.recipes $(RECIPE) -- $(EXP_ARGS)
 
 # The experiments side by side: the params that differ and the metrics to decide on, sorted by the gate metric.
 exps: setup
-	@$(RUN) python -m lora_pipeline.experiments
+	@$(RUN) python -m cli.experiments
 
 # make bench RECIPE=qwen2-0.5b (on a GPU machine): seed baseline and ours in one go -> bench/results.jsonl
 bench:

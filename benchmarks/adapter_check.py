@@ -1,6 +1,6 @@
 """Check an adapter saved by a sharded run (FSDP2, DeepSpeed ZeRO-3): whole, trained, and mergeable.
 
-Loads the base with the train stage's loader (lora_pipeline.modeling.load_model), then the adapter with peft, which
+Loads the base with the train stage's loader (lora_pipeline.model.loading.load_model), then the adapter with peft, which
 refuses any tensor whose shape differs from the model's (a shard, or ZeRO-3's empty placeholder). Reports the
 share of LoRA B matrices that training moved off zero, the largest relative difference to a reference adapter of the
 same LoRA (for example the same steps under plain DDP), and the merged model's logits against the adapted model's
@@ -23,9 +23,9 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from lora_pipeline.modeling import device, load_model
-from lora_pipeline.params import for_stage, validate
-from lora_pipeline.recipes import apply_sets, compose
+from cli.recipes import apply_sets, compose
+from lora_pipeline.config.params import for_stage, validate
+from lora_pipeline.model.loading import device, load_model
 
 
 def main():

@@ -8,14 +8,15 @@ Checks, each as max |logit diff| and |loss diff| against a float32 eager referen
   - Liger (RMSNorm, RoPE, fused linear cross-entropy) vs stock, loss and LoRA gradients;
   - padding-free (rows concatenated, position_ids) vs padded rows: the same per-token loss;
   - compiled_layers: Qwen2 with LoRA (bf16, flex attention, padding-free rows with a padded tail), each decoder
-    layer compiled by Inductor (lora_pipeline.training.compile_decoder_layers) vs eager: logits, loss and the LoRA
+    layer compiled by Inductor (lora_pipeline.train.training.compile_decoder_layers) vs eager: logits, loss and the LoRA
     gradients against float32 eager, for two packed lengths (the second compiles a graph over a symbolic length);
   - varlen_attention: the same Qwen2 LoRA rows under torch_varlen (torch's FlashAttention kernel for
-    variable-length sequences, lora_pipeline.varlen_attention), layers eager and compiled, vs eager flex attention;
-  - generation: the implementations evaluate decodes with (lora_pipeline.generation.use_for_generation, from a model
-    loaded as the recipes train it), greedy with a KV cache after left-padded prompts; each step's logits against
-    a float32 forward over the same tokens with eager attention and the eager experts loop;
-  - mxfp4_experts: gpt-oss's frozen experts packed in MXFP4 (grouped_mm_mxfp4, lora_pipeline.mxfp4_experts) vs the
+    variable-length sequences, lora_pipeline.model.varlen_attention), layers eager and compiled, vs eager flex
+    attention;
+  - generation: the implementations evaluate decodes with (lora_pipeline.evaluate.generation.use_for_generation, from
+    a model loaded as the recipes train it), greedy with a KV cache after left-padded prompts; each step's logits
+    against a float32 forward over the same tokens with eager attention and the eager experts loop;
+  - mxfp4_experts: gpt-oss's frozen experts packed in MXFP4 (grouped_mm_mxfp4, lora_pipeline.model.mxfp4_experts) vs the
     bf16 grouped_mm path over the same MXFP4 values, 2 layers of gpt-oss-20b's shapes: logits, loss, the input
     embeddings' and attention LoRA's gradients, the model's bytes, the extra peak memory of a forward + backward and
     its time; and one layer's experts alone (forward + backward, 8192 tokens), with the time of one weight decode.
@@ -55,7 +56,7 @@ def small_qwen2():
 
 
 def set_impl(model, attn=None, experts=None):
-    from lora_pipeline.modeling import set_experts_implementation
+    from lora_pipeline.model.loading import set_experts_implementation
 
     if attn:
         model.set_attn_implementation(attn)
@@ -158,8 +159,8 @@ def packed_qwen2_lora(rows, label: str, candidates: dict) -> None:
     from peft import LoraConfig, get_peft_model
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from lora_pipeline.training import compile_decoder_layers
-    from lora_pipeline.varlen_attention import register
+    from lora_pipeline.train.training import compile_decoder_layers
+    from lora_pipeline.model.varlen_attention import register
 
     register()
     torch.manual_seed(0)
@@ -220,7 +221,7 @@ def forward_logits(reference, sequences, mask, new_tokens):
 
 @torch.no_grad()
 def check_generation(rows):
-    from lora_pipeline.generation import use_for_generation
+    from lora_pipeline.evaluate.generation import use_for_generation
 
     new_tokens = 32
     for name, build, vocab in (("gpt-oss", small_gpt_oss, 4096), ("qwen2", small_qwen2, 8192)):
@@ -255,7 +256,7 @@ def check_generation(rows):
 def mxfp4_values(model) -> None:
     """Every expert weight replaced, in place, by its MXFP4 round trip: the values a dequantized MXFP4 checkpoint
     holds (what grouped_mm_mxfp4 packs losslessly)."""
-    from lora_pipeline.mxfp4_checkpoint import expert_from_disk, expert_to_disk
+    from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk, expert_to_disk
 
     with torch.no_grad():
         for name, weight in model.named_parameters():
@@ -324,8 +325,8 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
     the eager experts loop."""
     from pipeline_setup import gpt_oss_20b_config, random_bf16_model  # benchmarks/, the script's folder
 
-    from lora_pipeline.mxfp4_checkpoint import expert_from_disk
-    from lora_pipeline.mxfp4_experts import (decode_weight, forced_path, grouped_mm_mxfp4_experts_forward,
+    from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk
+    from lora_pipeline.model.mxfp4_experts import (decode_weight, forced_path, grouped_mm_mxfp4_experts_forward,
                                              pack_experts, paths_run)
 
     config = gpt_oss_20b_config(layers, vocab_size=4096)

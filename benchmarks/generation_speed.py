@@ -4,10 +4,10 @@
         --variants eager:20 generate:20 generate:320 generate:320:cudagraphs --new-tokens 64 --out generation.jsonl
 The model loads once with the implementations training uses (--attention, --experts, as model.* params), then each
 variant `<experts>:<batch>[:<decode step>]` generates one batch of prompts from the built-in questions for
---new-tokens steps (every row runs the full length): `generate` is lora_pipeline.generation.use_for_generation's
-choice, `eager` the expert loop; the decode step is eval.decode_step's (eager by default; cudagraphs and inductor
-compile, so those variants run --calls times, the first with the compile). Prints one JSON line per call: ms per
-decode step, new tokens/s, peak GiB.
+--new-tokens steps (every row runs the full length): `generate` is
+lora_pipeline.evaluate.generation.use_for_generation's choice, `eager` the expert loop; the decode step is
+eval.decode_step's (eager by default; cudagraphs and inductor compile, so those variants run --calls times, the first
+with the compile). Prints one JSON line per call: ms per decode step, new tokens/s, peak GiB.
 """
 import argparse
 import json
@@ -16,11 +16,11 @@ from types import SimpleNamespace
 
 import torch
 
-from lora_pipeline import builtin_data
-from lora_pipeline.chat import prompt_messages
-from lora_pipeline.generation import generate, use_for_generation
-from lora_pipeline.languages import LANGUAGE_NAMES
-from lora_pipeline.modeling import experts_implementation, load_model, load_tokenizer, set_experts_implementation
+from lora_pipeline.config.params import LANGUAGE_NAMES
+from lora_pipeline.data import builtin as builtin_data
+from lora_pipeline.evaluate.generation import generate, use_for_generation
+from lora_pipeline.model.chat import prompt_messages
+from lora_pipeline.model.loading import experts_implementation, load_model, load_tokenizer, set_experts_implementation
 
 
 def main():

@@ -32,7 +32,7 @@ def dvc_available() -> bool:
 def stage_names(repo: Path) -> list[str]:
     """dvc.yaml's stages in the order written (the pipeline's order)."""
     if dvc_available():
-        from lora_pipeline.dvcfiles import stages
+        from lora_pipeline.config.dvcfiles import stages
 
         return list(stages(repo))
     return list((yaml.safe_load((repo / "dvc.yaml").read_text()) or {}).get("stages", {}))
@@ -41,7 +41,7 @@ def stage_names(repo: Path) -> list[str]:
 def stage_cmd(name: str, repo: Path) -> str:
     """The stage's command with `${...}` resolved from params.yaml (DVC's own interpolation where DVC is there)."""
     if dvc_available():
-        from lora_pipeline.dvcfiles import stage
+        from lora_pipeline.config.dvcfiles import stage
 
         cmd = stage(name, repo)["cmd"]
     else:

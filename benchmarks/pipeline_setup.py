@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from lora_pipeline import builtin_data
-from lora_pipeline.params import ParamsError, validate
+from lora_pipeline.config.params import ParamsError, validate
+from lora_pipeline.data import builtin as builtin_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ COPY_IGNORE = {".venv", ".git", "__pycache__", ".pytest_cache", "mlflow.db", "ml
 # What the stages write that git also tracks (dvc.lock, metrics, plots, reports): a copy made again over an
 # earlier run keeps that run's, so DVC sees its stages done and register reads their own figures.
 RUN_STATE = ("dvc.lock", "metrics", "plots", "reports")
-# Per recipe: the chat template family (lora_pipeline.tiny_models.FAMILIES), the data's shape, its rows.
+# Per recipe: the chat template family (lora_pipeline.model.tiny.FAMILIES), the data's shape, its rows.
 STAND_INS = {
     "qwen2-0.5b": dict(family="tiny-qwen2", rows=4000, data="capybara"),
     "gpt-oss-20b": dict(family="tiny-gpt-oss", rows=1000, data="multilingual-thinking"),
@@ -112,7 +112,7 @@ def build_tokenizer(texts: list[str], vocab_size: int, family: str, out: Path):
     hold far fewer merges than a real vocabulary, and the model's embedding and LM head must have the real size."""
     from transformers import AutoTokenizer
 
-    from lora_pipeline.tiny_models import train_tokenizer
+    from lora_pipeline.model.tiny import train_tokenizer
 
     trained = len(train_tokenizer(texts, vocab_size, family, out))
     if trained > vocab_size:
@@ -150,7 +150,7 @@ def build_model(recipe: str, out: Path, texts: list[str], tiny: bool = False) ->
     import torch
     from transformers import GenerationConfig
 
-    from lora_pipeline.tiny_models import FAMILIES
+    from lora_pipeline.model.tiny import FAMILIES
 
     family = STAND_INS[recipe]["family"]
     sizes = TINY[recipe] if tiny else {}
@@ -167,7 +167,7 @@ def build_model(recipe: str, out: Path, texts: list[str], tiny: bool = False) ->
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in FAMILIES[family]["eos"]]
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
     if config.model_type == "gpt_oss":
-        from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
+        from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
 
         save_mxfp4_checkpoint(model, out)
     else:
@@ -214,10 +214,10 @@ def build_data(recipe: str, path: Path, rows: int | None = None, seed: int = 0) 
 
 def compose_params(recipe: str, repo: Path, model_dir: Path | None, data_name: str | None, mgsm: str | None,
                    accelerate: str | None, sets: list[str] = ()) -> dict:
-    """params.yaml of `repo` with the recipe applied (lora_pipeline.recipes), the stand-ins, one accelerate config
+    """params.yaml of `repo` with the recipe applied (cli.recipes), the stand-ins, one accelerate config
     for every stage that launches (single_gpu unless `accelerate` names another) and `sets` (KEY=VALUE); validated.
     "default" is params.yaml as it is, with only an explicit accelerate config and sets."""
-    from lora_pipeline.recipes import apply_sets, compose
+    from cli.recipes import apply_sets, compose
 
     params = yaml.safe_load((repo / "params.yaml").read_text()) if recipe == "default" else compose(recipe, repo)
     if recipe != "default":
@@ -263,7 +263,7 @@ def setup(recipe: str, work: Path, repo: Path = ROOT, mgsm: str = "", accelerate
           tiny: bool = False, rows: int | None = None, sets: list[str] = ()) -> None:
     """The stand-ins under `work` (built once: kept while `work`/model.json matches) and the params in `repo`,
     a scratch copy, with this very copy's code."""
-    from lora_pipeline.tiny_models import tokenizer_corpus
+    from lora_pipeline.model.tiny import tokenizer_corpus
 
     if recipe not in RECIPES:
         raise SetupError(f"unknown recipe '{recipe}'; this script runs: {', '.join(RECIPES)}")

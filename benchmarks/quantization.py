@@ -3,7 +3,7 @@ and held-out loss, each method in its own process.
 
 The model is Qwen2-0.5B's architecture at full size (or `--layers` deep; `--tiny`: the params file's model.tiny, for
 a CPU), randomly initialised from its config, saved with a byte-level BPE trained on the built-in data, then loaded
-and trained by lora_pipeline.training.build_trainer exactly as the train stage does (the one loader, QLoRA
+and trained by lora_pipeline.train.training.build_trainer exactly as the train stage does (the one loader, QLoRA
 preparation, the recipe's levers), from the recipe plus any `--set key=value`. The data is the built-in multilingual
 reasoning set (data.builtin_rows, data.builtin_seed), split as the split stage splits it; the held-out loss is the
 evaluate stage's (assistant tokens of the test rows), before training and after the same `--steps`.
@@ -24,8 +24,8 @@ if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun
 
 import torch
 
-from lora_pipeline.params import Params, ParamsError, for_stage, validate
-from lora_pipeline.recipes import apply_sets, compose
+from cli.recipes import apply_sets, compose
+from lora_pipeline.config.params import Params, ParamsError, for_stage, validate
 
 METHODS = ("none", "nf4", "int8")
 WARM_STEPS = 2  # optimizer steps before the clock starts (allocations, kernel selection)
@@ -72,8 +72,8 @@ def benchmark_params(recipe: str, sets: list[str], method: str, steps: int) -> P
 
 def builtin_split(data, split) -> tuple[list[dict], list[dict]]:
     """The built-in rows, split and de-duplicated as the split stage does."""
-    from lora_pipeline import builtin_data
-    from lora_pipeline.splitting import remove_test_prompts, split_rows
+    from lora_pipeline.data import builtin as builtin_data
+    from lora_pipeline.data.splitting import remove_test_prompts, split_rows
 
     train, test = split_rows(builtin_data.generate(data.builtin_rows, data.builtin_seed), split.test_size, split.seed)
     return remove_test_prompts(train, test)[0], test
@@ -83,7 +83,7 @@ def build_checkpoint(out: Path, rows: list[dict], tiny, layers: int | None) -> N
     """Random-init Qwen2 (Qwen/Qwen2-0.5B's config, or the tiny sizes) saved with a BPE trained on the rows."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from lora_pipeline.tiny_models import tiny_qwen2, tokenizer_corpus, train_tokenizer
+    from lora_pipeline.model.tiny import tiny_qwen2, tokenizer_corpus, train_tokenizer
 
     train_tokenizer(tokenizer_corpus(rows), 1024, "tiny-qwen2", out)
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -106,10 +106,10 @@ def measure(args) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from lora_pipeline.chat import conversation
-    from lora_pipeline.heldout import heldout_loss
-    from lora_pipeline.modeling import load_tokenizer
-    from lora_pipeline.training import build_trainer
+    from lora_pipeline.model.chat import conversation
+    from lora_pipeline.evaluate.heldout import heldout_loss
+    from lora_pipeline.model.loading import load_tokenizer
+    from lora_pipeline.train.training import build_trainer
 
     params, gpu = args.params, torch.cuda.is_available()
     train_rows, test_rows = builtin_split(params.data, params.split)

@@ -1,7 +1,7 @@
 """Training throughput of a recipe on GPUs, through the train stage's own trainer, on the standard workload.
 
 The model is the recipe's architecture at full size (or reduced depth), randomly initialised and saved to disk
-first, then built by lora_pipeline.training.build_trainer exactly as the train stage builds it (loader, speed
+first, then built by lora_pipeline.train.training.build_trainer exactly as the train stage builds it (loader, speed
 levers, Liger, LoRA, SFTConfig), from the recipe file plus any `--set key=value` overrides. The workload is the
 seed baseline's (../shared/bench/seed_baseline.py), so the two tokens/s figures compare as a ratio on one machine.
 
@@ -10,7 +10,7 @@ seed baseline's (../shared/bench/seed_baseline.py), so the two tokens/s figures 
 Prints one JSON line: tokens/s over all processes (non-padding tokens after warm-up), step time, peak GiB per
 GPU while training and while loading, MFU, the global batch and the implementations that ran.
 
-gpt-oss-20b as its recipe trains (frozen experts kept in MXFP4, lora_pipeline.mxfp4_experts; no recompute), its
+gpt-oss-20b as its recipe trains (frozen experts kept in MXFP4, lora_pipeline.model.mxfp4_experts; no recompute), its
 global batch of 16 on one GPU, the experts' glue as the train stage runs it (compiled on a GPU) or forced:
     python benchmarks/train_throughput.py --recipe gpt-oss-20b --arch gpt-oss-20b \
         --set train.sft.per_device_train_batch_size=4 --set train.sft.gradient_accumulation_steps=4 \
@@ -33,10 +33,10 @@ if "LOCAL_RANK" not in os.environ:  # one process, not under accelerate/torchrun
 
 import torch
 
-from lora_pipeline.mxfp4_experts import forced_path, paths_run
-from lora_pipeline.params import for_stage, validate
-from lora_pipeline.recipes import apply_sets, compose
-from lora_pipeline.training import build_trainer, save_adapter
+from cli.recipes import apply_sets, compose
+from lora_pipeline.config.params import for_stage, validate
+from lora_pipeline.model.mxfp4_experts import forced_path, paths_run
+from lora_pipeline.train.training import build_trainer, save_adapter
 
 # The seed baseline's standard workloads (same generator, same seeds).
 WORKLOADS = {
@@ -64,9 +64,9 @@ def builtin_workload(n: int, seed: int) -> list[dict]:
 
     from transformers import AutoTokenizer
 
-    from lora_pipeline import builtin_data
-    from lora_pipeline.chat import conversation
-    from lora_pipeline.tiny_models import tokenizer_corpus, train_tokenizer
+    from lora_pipeline.data import builtin as builtin_data
+    from lora_pipeline.model.chat import conversation
+    from lora_pipeline.model.tiny import tokenizer_corpus, train_tokenizer
 
     rows = builtin_data.generate(n, seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,7 +93,7 @@ def build_checkpoint(arch: str, layers: int | None, out: Path) -> None:
             model = Qwen2ForCausalLM(cfg)
         model.save_pretrained(out)
     else:  # openai/gpt-oss-20b's config.json, experts written in MXFP4 like the released checkpoint
-        from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
+        from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
         from pipeline_setup import gpt_oss_20b_config, random_bf16_model  # benchmarks/, the script's folder
 
         model = random_bf16_model(gpt_oss_20b_config(layers or 24), "cuda")

@@ -15,24 +15,22 @@ from pathlib import Path
 import psutil
 import torch
 
-from lora_pipeline import stage_outputs
-from lora_pipeline.chat import conversation, prompt_messages, split_reasoning
-from lora_pipeline.distributed import launch_state
-from lora_pipeline.generation import generate, use_for_generation
-from lora_pipeline.jsonl import read_jsonl, write_jsonl
-from lora_pipeline.languages import LANGUAGE_NAMES
-from lora_pipeline.eval_checks import check_eval
-from lora_pipeline.heldout import heldout_loss, use_for_loss
-from lora_pipeline.metrics import answer_correct, asks_reasoning_language, detect_language, eval_figures, read_mgsm
-from lora_pipeline.modeling import load_model, load_tokenizer
-from lora_pipeline.outputs import write_json, write_text
-from lora_pipeline.params import load_params
-from lora_pipeline.report import plot_report, write_compliance
+from lora_pipeline.config.outputs import METRICS, read_jsonl, write_json, write_jsonl, write_text
+from lora_pipeline.config.params import LANGUAGE_NAMES, load_params
+from lora_pipeline.evaluate.checks import check_eval
+from lora_pipeline.evaluate.generation import generate, use_for_generation
+from lora_pipeline.evaluate.heldout import heldout_loss, use_for_loss
+from lora_pipeline.evaluate.report import plot_report, write_compliance
+from lora_pipeline.evaluate.scoring import (answer_correct, asks_reasoning_language, detect_language, eval_figures,
+                                            read_mgsm)
+from lora_pipeline.launch.distributed import launch_state
+from lora_pipeline.model.chat import conversation, prompt_messages, split_reasoning
+from lora_pipeline.model.loading import load_model, load_tokenizer
 
 TEST, LOSS_LOG, REPORTS = Path("data/split/test.jsonl"), Path("plots/train_loss.csv"), Path("reports")
 # What each model's evaluation reads and writes.
 MODELS = {
-    "finetuned": {"stage": "evaluate", "model": Path("models/merged"), "metrics": stage_outputs.METRICS["eval"],
+    "finetuned": {"stage": "evaluate", "model": Path("models/merged"), "metrics": METRICS["eval"],
                   "generations": REPORTS / "generations.jsonl", "compliance": Path("plots/compliance/finetuned.csv"),
                   "speed": Path("logs/evaluate.json")},
     "base": {"stage": "evaluate_base", "model": Path("models/base"), "metrics": Path("metrics/eval_base.json"),

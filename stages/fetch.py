@@ -1,7 +1,7 @@
 """fetch: the data set's usable rows to data/raw (counts in metrics/data.json) and the base model to models/base.
 
     python -m stages.fetch
-Rows of any format that lora_pipeline/formats.py reads (data.format, or the one detected from the first row, which
+Rows of any format that lora_pipeline/data/formats.py reads (data.format, or the one detected from the first row, which
 metrics/data.json records) are written as messages rows. A bad row stops the stage with one line naming the file, row
 and field (data.bad_rows: fail), or is dropped and counted per reason (drop). A Hub that is offline or unreachable
 stops it with one line naming the id and revision.
@@ -13,13 +13,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from lora_pipeline.data import load_data
-from lora_pipeline.hub import HubUnreachable, download_model
-from lora_pipeline.jsonl import write_jsonl
-from lora_pipeline.modeling import check_model
-from lora_pipeline.outputs import replace_dir, staging_dir, write_json
-from lora_pipeline.params import load_params
-from lora_pipeline.rows import DataError
+from lora_pipeline.config.outputs import replace_dir, staging_dir, write_json, write_jsonl
+from lora_pipeline.config.params import load_params
+from lora_pipeline.data.hub import HubUnreachable, download_model
+from lora_pipeline.data.rows import DataError
+from lora_pipeline.data.sources import load_data
+from lora_pipeline.model.checks import check_model
 
 RAW, BASE, METRICS = Path("data/raw"), Path("models/base"), Path("metrics/data.json")
 KEPT = f"{RAW}, {BASE} and {METRICS} are as they were"
@@ -35,7 +34,7 @@ def main():
         write_json(raw / "source.json", {"source": data.source, "name": data.name, "revision": data.revision,
                                          "rows": len(rows)})
         if model.source in ("tiny-qwen2", "tiny-gpt-oss"):
-            from lora_pipeline.tiny_models import build_tiny
+            from lora_pipeline.model.tiny import build_tiny
 
             losses = build_tiny(model.source, rows, model.tiny, base)
             if losses:

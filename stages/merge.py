@@ -1,7 +1,7 @@
 """merge: fold the LoRA adapter into the full-precision base weights (merge_and_unload), safetensors to models/merged.
 
     python -m stages.merge
-Checks the merged model weight by weight (lora_pipeline.merge_check): each adapted weight is the base's plus PEFT's
+Checks the merged model weight by weight (lora_pipeline.merge.check): each adapted weight is the base's plus PEFT's
 LoRA delta within one rounding to model.dtype, every other weight is the base's (metrics/merge.json: weights.*).
 Beside it, reported and not gating, how far the merged model's logits are from the adapted model's on a few
 held-out conversations: in a 16-bit mixture of experts a rounding can send a token to other experts, so they move
@@ -16,18 +16,17 @@ from pathlib import Path
 import torch
 from peft import PeftModel
 
-from lora_pipeline import stage_outputs
-from lora_pipeline.chat import as_text
-from lora_pipeline.jsonl import read_jsonl
-from lora_pipeline.logits import compare_logits
-from lora_pipeline.merge_check import adapter_load_problem, check_merged_weights, lora_weights
-from lora_pipeline.modeling import BITSANDBYTES, device, inference_attention, load_model, load_tokenizer
-from lora_pipeline.mxfp4_checkpoint import expert_values_changed, load_into, merged_save_format, save_mxfp4_checkpoint
-from lora_pipeline.outputs import replace_dir, staging_dir, write_json
-from lora_pipeline.params import load_params
+from lora_pipeline.config import outputs
+from lora_pipeline.config.outputs import read_jsonl, replace_dir, staging_dir, write_json
+from lora_pipeline.config.params import load_params
+from lora_pipeline.merge.check import adapter_load_problem, check_merged_weights, compare_logits, lora_weights
+from lora_pipeline.model.chat import as_text
+from lora_pipeline.model.loading import BITSANDBYTES, device, inference_attention, load_model, load_tokenizer
+from lora_pipeline.model.mxfp4_checkpoint import (expert_values_changed, load_into, merged_save_format,
+                                                  save_mxfp4_checkpoint)
 
 BASE, ADAPTER, MERGED = Path("models/base"), Path("models/adapter"), Path("models/merged")
-TEST, METRICS = Path("data/split/test.jsonl"), stage_outputs.METRICS["merge"]
+TEST, METRICS = Path("data/split/test.jsonl"), outputs.METRICS["merge"]
 
 
 def main():
@@ -62,7 +61,7 @@ def main():
         merged = merged_model(**batch).logits.float()
     mask = batch["attention_mask"].bool()
     compared = compare_logits(adapted, merged, mask)
-    metrics = {key: compared[key] for key in stage_outputs.MERGE_LOGIT_FIGURES}
+    metrics = {key: compared[key] for key in outputs.MERGE_LOGIT_FIGURES}
     metrics["adapter_relative_effect"] = compare_logits(adapted, base_logits, mask)["mean_relative_logit_diff"]
     checked = check_merged_weights(merged_model, layers, BASE, ADAPTER)
     if checked.problem:

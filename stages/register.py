@@ -19,18 +19,17 @@ from pathlib import Path
 # Everything registered is on disk; offline, MLflow does not wait on the Hub for a model card it cannot use.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from lora_pipeline import registry
-from lora_pipeline.stage_outputs import gate
-from lora_pipeline.outputs import write_json
-from lora_pipeline.params import ROOT, load_params
+from lora_pipeline.config.outputs import gate, write_json
+from lora_pipeline.config.params import ROOT, load_params
+from lora_pipeline.registry import register
 
 OUT = Path("models/registered.json")
 
 
 def main():
     params = load_params("register")
-    metrics = registry.stage_metrics(gate(params.register, params.data.source)[0])
-    registered = registry.register_pipeline_run(params, metrics, ROOT, OUT)
+    metrics = register.stage_metrics(gate(params.register, params.data.source)[0])
+    registered = register.register_pipeline_run(params, metrics, ROOT, OUT)
     write_json(OUT, registered)
     print(OUT.read_text())
 

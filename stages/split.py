@@ -7,11 +7,10 @@ naming the keys, before it writes anything: its outputs (persist in dvc.yaml) st
 import sys
 from pathlib import Path
 
-from lora_pipeline.jsonl import read_jsonl, write_jsonl
-from lora_pipeline.outputs import write_json
-from lora_pipeline.params import load_params
-from lora_pipeline.rows import DataError
-from lora_pipeline.splitting import remove_test_prompts, split_problem, split_rows
+from lora_pipeline.config.outputs import read_jsonl, write_json, write_jsonl
+from lora_pipeline.config.params import load_params
+from lora_pipeline.data.rows import DataError
+from lora_pipeline.data.splitting import remove_test_prompts, split_problem, split_rows
 
 RAW, OUT, METRICS = Path("data/raw/data.jsonl"), Path("data/split"), Path("metrics/split.json")
 KEPT = f"{OUT} and {METRICS} are as they were"

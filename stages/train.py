@@ -8,7 +8,7 @@ last one whose files still match it (newer, damaged ones are set aside into its 
 writes the adapter, metrics/train.json and plots/train_loss.csv; timings and the step a run resumed from go to
 logs/train_speed.json, which is no DVC output, so identical trainings give identical outputs. Rank 0 also opens
 the pipeline run's MLflow run (resumed after a kill) and sends it each logged step's figures as training goes
-(lora_pipeline.tracking); the register stage completes that run.
+(lora_pipeline.train.tracking); the register stage completes that run.
 """
 import csv
 import io
@@ -22,17 +22,16 @@ import torch
 from accelerate.utils import broadcast_object_list
 from datasets import Dataset
 
-from lora_pipeline import cpu_numerics, stage_outputs
-from lora_pipeline.chat import training_rows
-from lora_pipeline.checkpoints import (clear_run, content_hash, hold_run_lock, last_complete, run_dir, run_fingerprint,
-                                       stop_line)
-from lora_pipeline.jsonl import read_jsonl
-from lora_pipeline.outputs import replace_dir, staging_dir, write_json, write_text
-from lora_pipeline.params import ROOT, load_params
-from lora_pipeline.training import LiveMetrics, StopOnSignal, WriteManifest, build_trainer, save_adapter
+from lora_pipeline.config import cpu_numerics, outputs
+from lora_pipeline.config.outputs import read_jsonl, replace_dir, staging_dir, write_json, write_text
+from lora_pipeline.config.params import ROOT, load_params
+from lora_pipeline.launch.checkpoints import (clear_run, content_hash, hold_run_lock, last_complete, run_dir,
+                                              run_fingerprint, stop_line)
+from lora_pipeline.model.chat import training_rows
+from lora_pipeline.train.training import LiveMetrics, StopOnSignal, WriteManifest, build_trainer, save_adapter
 
 BASE, TRAIN, ADAPTER = Path("models/base"), Path("data/split/train.jsonl"), Path("models/adapter")
-METRICS, LOSS_LOG, SPEED = stage_outputs.METRICS["train"], Path("plots/train_loss.csv"), Path("logs/train_speed.json")
+METRICS, LOSS_LOG, SPEED = outputs.METRICS["train"], Path("plots/train_loss.csv"), Path("logs/train_speed.json")
 
 
 def main():
@@ -44,7 +43,7 @@ def main():
         resume = last_complete(checkpoints)  # the lock holder alone checks them and sets damaged ones aside
         if resume:
             tokens_before = json.loads((resume / "trainer_state.json").read_text())["num_input_tokens_seen"]
-        from lora_pipeline.tracking import LiveRun  # rank 0 alone talks to MLflow
+        from lora_pipeline.train.tracking import LiveRun  # rank 0 alone talks to MLflow
 
         exp_name = os.environ.get("DVC_EXP_NAME")
         live = LiveRun(params.register.experiment, fingerprint, ROOT, run_name=exp_name,

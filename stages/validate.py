@@ -5,16 +5,15 @@ Runs before every other stage, which all depend on its output. That output's con
 valid change re-runs only the stages that read the changed keys; an invalid one stops the pipeline here,
 naming each bad key, before any stage has removed its previous outputs. The digest of the params it checked goes
 to logs/params_digest (no DVC output): each later stage of the run compares params.yaml with it before any work
-(lora_pipeline.params.stop_if_changed_since_validate).
+(lora_pipeline.config.params.stop_if_changed_since_validate).
 """
 import sys
 from pathlib import Path
 
-from lora_pipeline.checks import validate_all
-from lora_pipeline.dvcfiles import read_yaml
-from lora_pipeline.outputs import write_text
-from lora_pipeline.params import DIGEST, ROOT, ParamsError, params_digest
-from lora_pipeline.stage_outputs import gate
+from lora_pipeline.config.dvcfiles import read_yaml
+from lora_pipeline.config.outputs import gate, write_text
+from lora_pipeline.config.params import DIGEST, ParamsError, ROOT, params_digest
+from lora_pipeline.validation.checks import validate_all
 
 OUT = Path("data/params.ok")
 

@@ -219,7 +219,7 @@ SHORT_RUN_OUTPUTS = ["data/raw", "data/split", "models/base", "models/adapter", 
 # does not change what is computed.
 SIDE_BY_SIDE = {"OMP_WAIT_POLICY": "PASSIVE"}
 # What a CPU without AVX2 would make each library choose: the second clone runs under it, and the pipeline's own
-# pins (lora_pipeline.cpu_numerics) must still give the first clone's bits.
+# pins (lora_pipeline.config.cpu_numerics) must still give the first clone's bits.
 OTHER_INSTRUCTION_SET = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 
 

@@ -9,7 +9,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lora_pipeline.training import StopOnSignal, compile_decoder_layers  # noqa: E402
+from lora_pipeline.train.training import StopOnSignal, compile_decoder_layers  # noqa: E402
 from test_training import _tiny_trainer  # noqa: E402
 
 TIMINGS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_tokens_per_second")

@@ -11,7 +11,7 @@ from torch.distributed.fsdp import fully_shard
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lora_pipeline.training import trainable_tensors  # noqa: E402
+from lora_pipeline.train.training import trainable_tensors  # noqa: E402
 
 
 def lora_model():

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import yaml
 
-from lora_pipeline.builtin_data import LANGUAGES
-from lora_pipeline.params import ROOT
-from lora_pipeline.data import load_data
-from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
-from lora_pipeline.tiny_models import random_gpt_oss
+from lora_pipeline.config.params import ROOT
+from lora_pipeline.data.builtin import LANGUAGES
+from lora_pipeline.data.sources import load_data
+from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
+from lora_pipeline.model.tiny import random_gpt_oss
 
 LANGUAGE_CODES = {name: code for code, name in LANGUAGES.items()}
 

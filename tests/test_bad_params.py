@@ -10,9 +10,9 @@ import yaml
 
 from conftest import ROOT, copy_repo, run_env
 from helpers import DELETE, shipped
-from lora_pipeline.checks import validate_all
-from lora_pipeline.params import ParamsError
-from lora_pipeline.splitting import MIN_TEST_ROWS
+from lora_pipeline.config.params import ParamsError
+from lora_pipeline.data.splitting import MIN_TEST_ROWS
+from lora_pipeline.validation.checks import validate_all
 
 HAS_FLASH_ATTN = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
 
@@ -106,7 +106,7 @@ BAD = [
     case({"quantization.method": "int8", "train.accelerate_config": "deepspeed_zero3"}, "quantization.method",
          "deepspeed_zero3 (DEEPSPEED)"),
     case({**GPT_OSS, "train.accelerate_config": "deepspeed_zero3"}, "quantization.method",
-         "python -m lora_pipeline.mxfp4_checkpoint dequantize models/base FOLDER"),
+         "python -m lora_pipeline.model.mxfp4_checkpoint dequantize models/base FOLDER"),
     case({"quantization.method": "int8", "quantization.compute_dtype": "bfloat16"}, "quantization.compute_dtype",
          "applies to method nf4 only (got method int8)"),
     case({"quantization.method": "nf4", "quantization.compute_dtype": "float16", "model.dtype": "bfloat16"},
@@ -246,8 +246,8 @@ def test_local_model_is_checked_against_its_config(tmp_path):
 def test_gpu_processes_are_counted_per_machine_against_the_gpus_present(monkeypatch):
     """On a machine with 2 GPUs (the count torch reports): each machine's share of num_processes, against all GPUs
     or those its gpu_ids lists; CPU processes (use_cpu: true) are not counted."""
-    from lora_pipeline.machine import accelerate_config, gpu_count_problem
-    from lora_pipeline.params import Train
+    from lora_pipeline.launch.machine import accelerate_config, gpu_count_problem
+    from lora_pipeline.config.params import Train
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
 

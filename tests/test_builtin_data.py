@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from helpers import LANGUAGE_CODES
-from lora_pipeline import builtin_data as bd
+from lora_pipeline.data import builtin as bd
 
 ROW_KEYS = {"reasoning_language", "developer", "user", "analysis", "final", "answer", "user_language", "messages"}
 EQUATION = re.compile(r"(\d+) ([+\-×÷]) (\d+) = (\d+)")

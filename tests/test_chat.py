@@ -2,11 +2,11 @@
 import pytest
 from transformers import AutoTokenizer
 
-from lora_pipeline import builtin_data
-from lora_pipeline.chat import (CHATML_THINK_TEMPLATE, HARMONY_TEMPLATE, as_text, conversation, prompt_messages,
-                                split_reasoning)
-from lora_pipeline.heldout import assistant_mask
-from lora_pipeline.tiny_models import tokenizer_corpus, train_tokenizer
+from lora_pipeline.data import builtin as builtin_data
+from lora_pipeline.evaluate.heldout import assistant_mask
+from lora_pipeline.model.chat import (CHATML_THINK_TEMPLATE, HARMONY_TEMPLATE, as_text, conversation, prompt_messages,
+                                      split_reasoning)
+from lora_pipeline.model.tiny import tokenizer_corpus, train_tokenizer
 
 ROWS = builtin_data.generate(200, seed=3)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lora_pipeline.checkpoints import (DAMAGED, MANIFEST, clear_run, hold_run_lock, kept_checkpoint, last_complete,
-                                       stop_line, write_manifest)
+from lora_pipeline.launch.checkpoints import (DAMAGED, MANIFEST, clear_run, hold_run_lock, kept_checkpoint,
+                                              last_complete, stop_line, write_manifest)
 
 
 def write_checkpoint(run, step: int):

@@ -5,13 +5,13 @@ import pytest
 import yaml
 
 from conftest import MGSM
-from lora_pipeline.checks import check_gate_data, check_split, most_rows
-from lora_pipeline.eval_checks import check_eval, check_register
-from lora_pipeline.local_data import check_data, local_rows
-from lora_pipeline.modeling import check_model
+from lora_pipeline.data.local import check_data, local_rows
+from lora_pipeline.evaluate.checks import check_eval, check_register
+from lora_pipeline.model.checks import check_model
+from lora_pipeline.validation.checks import check_gate_data, check_split, most_rows
 from conftest import ROOT
-from lora_pipeline.params import Data, Eval, Model, Register, Split
-from lora_pipeline.stage_outputs import gate
+from lora_pipeline.config.outputs import gate
+from lora_pipeline.config.params import Data, Eval, Model, Register, Split
 
 SHIPPED = yaml.safe_load((ROOT / "params.yaml").read_text())
 
@@ -89,7 +89,7 @@ def test_a_local_file_too_small_to_split_is_refused_naming_the_keys(tmp_path, mo
     (20, 0.1, True), (20, 0.05, False), (3, 2, True), (2, 2, False), (2, 0.5, False), (10, 0.99, False),
 ])
 def test_validate_and_split_share_one_rule(rows, test_size, allowed):
-    from lora_pipeline.splitting import split_problem, split_rows
+    from lora_pipeline.data.splitting import split_problem, split_rows
 
     assert (split_problem(rows, test_size) is None) == allowed
     if allowed:
@@ -125,8 +125,8 @@ def test_gate_metric_names_its_metrics_file():
 def test_mixed_precision_on_a_cpu_is_refused_before_training():
     import torch
 
-    from lora_pipeline.machine import check_machine
-    from lora_pipeline.params import Train
+    from lora_pipeline.launch.machine import check_machine
+    from lora_pipeline.config.params import Train
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

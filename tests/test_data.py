@@ -10,13 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from lora_pipeline import builtin_data
+from lora_pipeline.data import builtin as builtin_data
 from helpers import load_rows
-from lora_pipeline.data import DataError, SourceRow, clean_rows, read_local
-from lora_pipeline.jsonl import read_jsonl, write_jsonl
-from lora_pipeline.params import Data
-from lora_pipeline.rows import row_problem
-from lora_pipeline.splitting import prompt_key, remove_test_prompts, split_rows
+from lora_pipeline.config.outputs import read_jsonl, write_jsonl
+from lora_pipeline.config.params import Data
+from lora_pipeline.data.rows import row_problem
+from lora_pipeline.data.sources import DataError, SourceRow, clean_rows, read_local
+from lora_pipeline.data.splitting import prompt_key, remove_test_prompts, split_rows
 
 ROWS = builtin_data.generate(50, seed=1)
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT, run
 
-from lora_pipeline.experiments import WIDTH, compact, experiment_rows, table
+from cli.experiments import WIDTH, compact, experiment_rows, table
 
 BASE_PARAMS = {"data": {"name": ""},
                "quantization": {"method": "none", "double_quant": True},
@@ -123,7 +123,7 @@ DVC_YAML = """stages:
 
 @pytest.mark.e2e  # dvc exp run
 def test_the_command_on_a_dvc_repository_with_real_experiments(tmp_path):
-    """`python -m lora_pipeline.experiments` over what DVC itself writes: the project's params.yaml, one tiny stage,
+    """`python -m cli.experiments` over what DVC itself writes: the project's params.yaml, one tiny stage,
     an experiment that sets a list and one that sets two keys, the last left in the workspace."""
     repo = tmp_path / "exps"
     repo.mkdir()
@@ -138,7 +138,7 @@ def test_the_command_on_a_dvc_repository_with_real_experiments(tmp_path):
                 [sys.executable, "-m", "dvc", "exp", "run", "-q", "-S", "lora.r=16", "-S", "quantization.method=nf4",
                  "-n", "r16-nf4"]):
         run(cmd, repo, env)
-    text = run([sys.executable, "-m", "lora_pipeline.experiments"], repo, env)
+    text = run([sys.executable, "-m", "cli.experiments"], repo, env)
     assert changed_cells(text) == {"workspace": ["lora.r=16", "quantization.method=nf4"],
                                    "r16-nf4": ["lora.r=16", "quantization.method=nf4"], "main": [],
                                    "mgsm-2": ["eval.mgsm.languages=[en,fr]"]}, text

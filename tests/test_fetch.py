@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import copy_repo, edited_params, run, run_env, set_params
-from lora_pipeline import builtin_data
+from lora_pipeline.data import builtin as builtin_data
 
 ROWS = builtin_data.generate(30, seed=2)
 NO_ANSWER = {"messages": [{"role": "user", "content": "hello?"}]}

@@ -11,9 +11,9 @@ import yaml
 
 from conftest import ROOT
 from helpers import load_rows
-from lora_pipeline.data import DataError, load_data
-from lora_pipeline.formats import FORMATS, FormatError, check_format
-from lora_pipeline.params import Data
+from lora_pipeline.config.params import Data
+from lora_pipeline.data.formats import FORMATS, FormatError, check_format
+from lora_pipeline.data.sources import DataError, load_data
 
 
 def data_params(**changes) -> Data:
@@ -440,7 +440,7 @@ def test_a_json_file_holds_an_array_one_object_or_a_key_holding_the_rows(tmp_pat
             "a key holding the rows": json.dumps({"version": 1, "data": rows}, indent=2), "json lines": jsonl(*rows)}
     data = local(tmp_path, monkeypatch, "rows.json", text[shape])
     assert load_rows(data)[0] == (expected[:1] if shape == "one row" else expected)
-    from lora_pipeline.local_data import local_rows
+    from lora_pipeline.data.local import local_rows
 
     assert local_rows(Path(data.name)) == (1 if shape == "one row" else 3)
 

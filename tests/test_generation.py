@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from helpers import build_tiny_gpt_oss, word_tokenizer
-from lora_pipeline.generation import (GROUPED_FOR_GENERATION, batches, decode_step_options, decoding_implementations,
-                                      generate_from_prompts, use_for_generation)
-from lora_pipeline.heldout import use_for_loss
-from lora_pipeline.modeling import experts_implementation, load_model, loss_attention
+from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_step_options,
+                                               decoding_implementations, generate_from_prompts, use_for_generation)
+from lora_pipeline.evaluate.heldout import use_for_loss
+from lora_pipeline.model.loading import experts_implementation, load_model, loss_attention
 
 
 def model_params(attention="eager", experts="eager"):

@@ -5,8 +5,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from helpers import word_tokenizer
-from lora_pipeline import heldout
-from lora_pipeline.heldout import assistant_mask, heldout_loss
+from lora_pipeline.evaluate import heldout
+from lora_pipeline.evaluate.heldout import assistant_mask, heldout_loss
 
 VOCAB = 64
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {% if m['role'] == 'assistant' %}{% generation %}"

@@ -89,7 +89,7 @@ def test_live_run_of_two_processes_outlives_the_server_and_register_completes_it
 
 
 def test_records_wait_on_disk_when_no_server_answers(tmp_path, monkeypatch):
-    from lora_pipeline.tracking import LiveRun
+    from lora_pipeline.train.tracking import LiveRun
 
     monkeypatch.chdir(tmp_path)
     for key, value in {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}", **NO_RETRIES,
@@ -108,7 +108,7 @@ def test_records_wait_on_disk_when_no_server_answers(tmp_path, monkeypatch):
 
 def test_a_resumed_training_goes_on_in_the_same_run(tmp_path, monkeypatch):
     import mlflow
-    from lora_pipeline.tracking import HTTP_DEFAULTS, LiveRun
+    from lora_pipeline.train.tracking import HTTP_DEFAULTS, LiveRun
 
     monkeypatch.chdir(tmp_path)
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -135,7 +135,7 @@ def test_a_resumed_training_goes_on_in_the_same_run(tmp_path, monkeypatch):
 
 
 def test_records_go_in_batches_and_each_delivered_batch_is_counted():
-    from lora_pipeline.tracking import log_records
+    from lora_pipeline.train.tracking import log_records
 
     class Client:  # takes two batches, then the server is gone
         def __init__(self):

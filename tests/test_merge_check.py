@@ -1,4 +1,4 @@
-"""merge's weight check (lora_pipeline.merge_check) on a tiny bf16 gpt-oss whose router scores are nearly tied: it
+"""merge's weight check (lora_pipeline.merge.check) on a tiny bf16 gpt-oss whose router scores are nearly tied: it
 passes correct merges and fails a lost adapter, a module left unmerged and a weight changed that no LoRA adapts.
 The logit rule merge used to gate on fails the correct merge of a trained adapter (rounding sends tokens to other
 experts) and passes the loss of an adapter whose effect is below its tolerance."""
@@ -9,12 +9,11 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 
-from lora_pipeline.logits import compare_logits
-from lora_pipeline.merge_check import (ADAPTER_FILE, BaseWeights, adapter_load_problem, check_merged_weights,
-                                       lora_weights)
-from lora_pipeline.modeling import device, load_model
-from lora_pipeline.mxfp4_checkpoint import save_mxfp4_checkpoint
-from lora_pipeline.tiny_models import random_gpt_oss
+from lora_pipeline.merge.check import (ADAPTER_FILE, BaseWeights, adapter_load_problem, check_merged_weights,
+                                       compare_logits, lora_weights)
+from lora_pipeline.model.loading import device, load_model
+from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
+from lora_pipeline.model.tiny import random_gpt_oss
 
 VOCAB, HIDDEN, EXPERTS, TOP_K = 256, 64, 4, 2
 MODEL = SimpleNamespace(dtype="bfloat16", attn_implementation="eager", experts_implementation="eager",

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from conftest import MGSM, ROOT
-from lora_pipeline.eval_checks import NOT_GATES, eval_metric_keys
-from lora_pipeline.metrics import (NOT_APPLICABLE, answer_correct, detect_language, eval_figures, last_number,
-                                   loss_figures, mgsm_files, read_mgsm)
-from lora_pipeline.params import Eval, flat_keys
+from lora_pipeline.config.params import Eval, flat_keys
+from lora_pipeline.evaluate.checks import NOT_GATES, eval_metric_keys
+from lora_pipeline.evaluate.scoring import (NOT_APPLICABLE, answer_correct, detect_language, eval_figures, last_number,
+                                            loss_figures, mgsm_files, read_mgsm)
 
 needs_mgsm = pytest.mark.skipif(not MGSM.is_dir(), reason=f"MGSM not at {MGSM}")
 
@@ -63,7 +63,7 @@ def test_mgsm_missing_language_names_the_file():
 def test_compare_logits_over_the_masked_positions():
     import torch
 
-    from lora_pipeline.logits import compare_logits
+    from lora_pipeline.merge.check import compare_logits
 
     reference = torch.tensor([[[1.0, -4.0], [2.0, 0.0]], [[100.0, 0.0], [0.5, 0.25]]])
     other = reference + torch.tensor([[[0.5, 0.0], [0.0, -1.0]], [[50.0, 0.0], [0.0, 0.5]]])

@@ -3,8 +3,8 @@ and the filter that finds a registered model's versions whatever quote its name 
 import pytest
 
 from helpers import shipped
-from lora_pipeline import mlflow_names
-from lora_pipeline.params import validate
+from lora_pipeline.config.params import validate
+from lora_pipeline.registry import mlflow_names
 
 
 def register(**changes):

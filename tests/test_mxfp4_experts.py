@@ -19,11 +19,11 @@ import torch
 
 from conftest import ROOT
 from helpers import build_tiny_gpt_oss, shipped
-from lora_pipeline.modeling import MXFP4_EXPERTS, experts_implementation, load_model, set_experts_implementation
-from lora_pipeline.mxfp4 import E8M0_BIAS, dequantize_mxfp4, quantize_mxfp4
-from lora_pipeline.mxfp4_checkpoint import _checkpoint_files, _read, expert_from_disk
-from lora_pipeline.mxfp4_experts import (PATHS, decode_weight, decoder_for, down_glue, forced_path, gate_up_glue,
-                                         glue_for, pack_experts, packing_problems, paths_run)
+from lora_pipeline.model.loading import MXFP4_EXPERTS, experts_implementation, load_model, set_experts_implementation
+from lora_pipeline.model.mxfp4 import E8M0_BIAS, dequantize_mxfp4, quantize_mxfp4
+from lora_pipeline.model.mxfp4_checkpoint import _checkpoint_files, _read, expert_from_disk
+from lora_pipeline.model.mxfp4_experts import (PATHS, decode_weight, decoder_for, down_glue, forced_path, gate_up_glue,
+                                               glue_for, pack_experts, packing_problems, paths_run)
 
 VOCAB, HIDDEN, INTERMEDIATE, EXPERTS, LAYERS = 128, 64, 96, 4, 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -325,9 +325,9 @@ def test_train_stage_trains_lora_over_packed_experts_as_over_16_bit_ones(tiny_di
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from lora_pipeline.params import for_stage, validate
-    from lora_pipeline.recipes import apply_sets
-    from lora_pipeline.training import build_trainer
+    from lora_pipeline.config.params import for_stage, validate
+    from cli.recipes import apply_sets
+    from lora_pipeline.train.training import build_trainer
 
     vocab = {"<pad>": 0, "<eos>": 1, **{f"w{i}": i + 2 for i in range(VOCAB - 2)}}
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
@@ -388,8 +388,8 @@ GPT_OSS = {"model.source": "tiny-gpt-oss", "quantization.method": "mxfp4-dequant
     ({**GPT_OSS, "train.accelerate_config": "fsdp2"}, "(FSDP): the packed experts are buffers"),
 ], ids=["not-gpt-oss", "lora-on-experts", "fsdp2"])
 def test_validate_refuses_packed_experts_where_they_cannot_run(monkeypatch, changes, fragment):
-    from lora_pipeline.checks import validate_all
-    from lora_pipeline.params import ParamsError
+    from lora_pipeline.validation.checks import validate_all
+    from lora_pipeline.config.params import ParamsError
 
     monkeypatch.chdir(ROOT)
     with pytest.raises(ParamsError) as refused:
@@ -402,8 +402,8 @@ def test_validate_refuses_packed_experts_where_they_cannot_run(monkeypatch, chan
 def test_validate_refuses_packed_experts_of_a_base_without_mxfp4(monkeypatch, tmp_path):
     from transformers import AutoConfig
 
-    from lora_pipeline.checks import validate_all
-    from lora_pipeline.params import ParamsError
+    from lora_pipeline.validation.checks import validate_all
+    from lora_pipeline.config.params import ParamsError
 
     monkeypatch.chdir(ROOT)
     AutoConfig.for_model("gpt_oss", num_hidden_layers=1, hidden_size=64, intermediate_size=64, num_attention_heads=4,
@@ -416,7 +416,7 @@ def test_validate_refuses_packed_experts_of_a_base_without_mxfp4(monkeypatch, tm
 
 
 def test_validate_accepts_packed_experts_of_tiny_gpt_oss(monkeypatch):
-    from lora_pipeline.checks import validate_all
+    from lora_pipeline.validation.checks import validate_all
 
     monkeypatch.chdir(ROOT)
     assert validate_all(shipped(**GPT_OSS)).model.experts_implementation == MXFP4_EXPERTS

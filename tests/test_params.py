@@ -7,11 +7,11 @@ import yaml
 from dvc.utils.serialize import parse_yaml
 
 from conftest import ROOT, copy_repo, run_env, set_params
-from lora_pipeline.builtin_data import generate
-from lora_pipeline.checks import check_library_fields
-from lora_pipeline.dvcfiles import declared_params
-from lora_pipeline.jsonl import write_jsonl
-from lora_pipeline.params import Params, ParamsError, for_stage, load_params, params_digest, validate
+from lora_pipeline.config.dvcfiles import declared_params
+from lora_pipeline.config.outputs import write_jsonl
+from lora_pipeline.config.params import Params, ParamsError, for_stage, load_params, params_digest, validate
+from lora_pipeline.data.builtin import generate
+from lora_pipeline.validation.checks import check_library_fields
 
 STAGES = list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
 
@@ -206,8 +206,8 @@ def test_validate_caches_what_it_derives_from_the_libraries(tmp_path, monkeypatc
     from peft import LoraConfig
     from transformers import SchedulerType
 
-    from lora_pipeline.model_checks import base_model_layout
-    from lora_pipeline.checks import library_fields
+    from lora_pipeline.model.checks import base_model_layout
+    from lora_pipeline.validation.checks import library_fields
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     fields = library_fields()

@@ -119,7 +119,7 @@ def test_experiment_reruns_only_what_lora_r_affects(repo):
 
 def test_curated_view_lines_up_the_experiments_in_120_columns(repo):
     repo, _ = repo
-    output = run([sys.executable, "-m", "lora_pipeline.experiments"], repo)
+    output = run([sys.executable, "-m", "cli.experiments"], repo)
     lines = output.splitlines()
     assert all(len(line) <= 120 for line in lines), output
     assert lines[0].startswith("experiment") and "comp" in lines[0] and "loss" in lines[0]

@@ -29,7 +29,7 @@ def stand_in(request, tmp_path_factory):
     recipe = request.param
     work = tmp_path_factory.mktemp(recipe)
     rows = setup.build_data(recipe, work / f"pipeline-{recipe}.jsonl", rows=200)
-    from lora_pipeline.tiny_models import tokenizer_corpus
+    from lora_pipeline.model.tiny import tokenizer_corpus
 
     built = setup.build_model(recipe, work / "model", tokenizer_corpus(rows), tiny=True)
     params = setup.compose_params(recipe, ROOT, work / "model", f"data/local/pipeline-{recipe}.jsonl",
@@ -38,9 +38,9 @@ def stand_in(request, tmp_path_factory):
 
 
 def test_model_loads_as_the_stages_load_it(stand_in):
-    from lora_pipeline.modeling import load_model
-    from lora_pipeline.mxfp4_checkpoint import is_mxfp4_checkpoint
-    from lora_pipeline.params import validate
+    from lora_pipeline.model.loading import load_model
+    from lora_pipeline.model.mxfp4_checkpoint import is_mxfp4_checkpoint
+    from lora_pipeline.config.params import validate
 
     model_params = validate(stand_in.params).model
     model = load_model(stand_in.work / "model", model_params)
@@ -58,7 +58,7 @@ def test_model_loads_as_the_stages_load_it(stand_in):
 
 
 def test_tokenizer_has_the_vocab_size_and_the_chat_template(stand_in):
-    from lora_pipeline.modeling import load_tokenizer
+    from lora_pipeline.model.loading import load_tokenizer
 
     tokenizer = load_tokenizer(stand_in.work / "model")
     assert len(tokenizer) == setup.TINY[stand_in.recipe]["vocab_size"]
@@ -71,7 +71,7 @@ def test_tokenizer_has_the_vocab_size_and_the_chat_template(stand_in):
 
 
 def test_data_passes_the_fetch_row_checks(stand_in):
-    from lora_pipeline.data import clean_rows, read_local
+    from lora_pipeline.data.sources import clean_rows, read_local
 
     path = stand_in.work / f"pipeline-{stand_in.recipe}.jsonl"
     rows, counts = clean_rows(read_local(path, path.name), path.name, "fail", 0)

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from conftest import edited_params, run
 from helpers import build_tiny_gpt_oss
-from lora_pipeline.modeling import load_model
+from lora_pipeline.model.loading import load_model
 
 FP32 = SimpleNamespace(dtype="float32", attn_implementation="sdpa", experts_implementation="eager",
                        trust_remote_code=False)

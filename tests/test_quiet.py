@@ -1,10 +1,10 @@
-"""The library notices lora_pipeline.quiet filters are exactly the known ones: another warning of the same library shows."""
+"""The library notices lora_pipeline.config.quiet filters are exactly the known ones: another warning of the same library shows."""
 import logging
 import warnings
 
 import pytest
 
-from lora_pipeline import quiet
+from lora_pipeline.config import quiet
 
 KNOWN = [
     ("transformers.training_args", "`gradient_checkpointing` is deprecated and will be removed in v6. "
@@ -76,7 +76,7 @@ def test_the_bitsandbytes_kernel_notice_is_dropped_and_others_kept(bitsandbytes_
 
 
 def test_mlflow_progress_notes_are_hidden_and_its_warnings_shown():
-    import lora_pipeline.tracking  # noqa: F401  (sets the levels on import)
+    import lora_pipeline.train.tracking  # noqa: F401  (sets the levels on import)
 
     for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "mlflow.system_metrics.system_metrics_monitor"):
         assert not logging.getLogger(name).isEnabledFor(logging.INFO), name

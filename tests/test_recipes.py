@@ -6,9 +6,9 @@ import pytest
 import yaml
 
 from conftest import ROOT, git_env, run
-from lora_pipeline.checks import check_library_fields, check_scheduler
-from lora_pipeline.params import ParamsError, for_stage, flat_keys, validate
-from lora_pipeline.recipes import compose, exp_run_command, main
+from cli.recipes import compose, exp_run_command, main
+from lora_pipeline.config.params import ParamsError, flat_keys, for_stage, validate
+from lora_pipeline.validation.checks import check_library_fields, check_scheduler
 
 RECIPES = sorted(str(p.relative_to(ROOT / "recipes"))[:-5] for p in (ROOT / "recipes").rglob("*.yaml"))
 

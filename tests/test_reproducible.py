@@ -82,9 +82,9 @@ def test_a_saved_tokenizer_does_not_record_offline_mode(tmp_path):
     merge save must not record it, or the adapter's and merged model's bytes would depend on the environment."""
     import json
 
-    from lora_pipeline import builtin_data
-    from lora_pipeline.modeling import load_tokenizer
-    from lora_pipeline.tiny_models import tokenizer_corpus, train_tokenizer
+    from lora_pipeline.data import builtin as builtin_data
+    from lora_pipeline.model.loading import load_tokenizer
+    from lora_pipeline.model.tiny import tokenizer_corpus, train_tokenizer
 
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
     train_tokenizer(tokenizer_corpus(builtin_data.generate(50, seed=1)), 400, "tiny-qwen2", tmp_path / "base")
@@ -92,15 +92,15 @@ def test_a_saved_tokenizer_does_not_record_offline_mode(tmp_path):
     assert "local_files_only" not in json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())
 
 
-# torch.compile of the packed experts' decode (lora_pipeline.mxfp4_experts), first in a pinned process, then in one
-# that is not: a kernel cached for AVX2 and loaded on an AVX-512 CPU corrupted the heap (torch 2.11).
+# torch.compile of the packed experts' decode (lora_pipeline.model.mxfp4_experts), first in a pinned process, then in
+# one that is not: a kernel cached for AVX2 and loaded on an AVX-512 CPU corrupted the heap (torch 2.11).
 COMPILE_PROBE = """
 import sys
 if sys.argv[1] == "pinned":
     import stages  # what every stage imports first
 import torch
-from lora_pipeline.mxfp4_checkpoint import expert_from_disk
-from lora_pipeline.mxfp4_experts import decode_weight
+from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk
+from lora_pipeline.model.mxfp4_experts import decode_weight
 blocks = torch.arange(256, dtype=torch.uint8).reshape(16, 16).repeat(255, 1).reshape(255, 16, 1, 16)
 scales = torch.arange(255, dtype=torch.int32).to(torch.uint8).reshape(-1, 1, 1).expand(-1, 16, 1).contiguous()
 for dtype in (torch.bfloat16, torch.float32):

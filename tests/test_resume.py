@@ -15,7 +15,7 @@ import pytest
 from safetensors.torch import load, load_file
 
 from conftest import run, run_env, set_params
-from lora_pipeline.checkpoints import DAMAGED, MANIFEST
+from lora_pipeline.launch.checkpoints import DAMAGED, MANIFEST
 
 ADAPTER = "models/adapter/adapter_model.safetensors"
 
@@ -72,7 +72,7 @@ def wait_for_checkpoint_step(proc, repo, step):
 
 
 def workers(proc):
-    """The training worker processes under DVC and the launcher (lora_pipeline.stage_launch, or accelerate's)."""
+    """The training worker processes under DVC and the launcher (lora_pipeline.launch.stage_launch, or accelerate's)."""
     return [p for p in psutil.Process(proc.pid).children(recursive=True)
             if re.fullmatch(r"\S+ (-u )?-m stages\.train", " ".join(p.cmdline()))]
 
@@ -251,7 +251,7 @@ def test_a_checkpoint_of_other_params_is_not_resumed(short_repo):
 
 
 def test_a_second_training_of_the_same_run_is_refused(tmp_path):
-    from lora_pipeline.checkpoints import hold_run_lock
+    from lora_pipeline.launch.checkpoints import hold_run_lock
 
     held = hold_run_lock(tmp_path / "train-abc")
     with pytest.raises(SystemExit, match="another training of the same params, code and data is running"):

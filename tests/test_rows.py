@@ -1,8 +1,8 @@
 """Row checks: the reason and field of what makes a row unusable."""
 import pytest
 
-from lora_pipeline import builtin_data
-from lora_pipeline.rows import row_problem
+from lora_pipeline.data import builtin as builtin_data
+from lora_pipeline.data.rows import row_problem
 
 ROWS = builtin_data.generate(200, seed=3)
 

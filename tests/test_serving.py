@@ -17,9 +17,9 @@ import yaml
 
 from conftest import ROOT, run_env
 from helpers import free_port
-from lora_pipeline import builtin_data
-from lora_pipeline.serving import (GENERATION_DEFAULTS, Context, check_prompt_lengths, checked_generation,
-                                   checked_prompts, model_context)
+from lora_pipeline.data import builtin as builtin_data
+from lora_pipeline.registry.serving import (Context, GENERATION_DEFAULTS, check_prompt_lengths, checked_generation,
+                                            checked_prompts, model_context)
 
 PROMPT = "<|im_start|>user\nAnna hat 5 Äpfel und kauft 3 dazu.<|im_end|>\n<|im_start|>assistant\n"
 ALLOWED = "allowed: max_new_tokens, do_sample, temperature, top_p"
@@ -112,9 +112,9 @@ def registered(tmp_path_factory):
 
     import mlflow
 
-    from lora_pipeline.params import validate
-    from lora_pipeline.serving import log_merged_model
-    from lora_pipeline.tiny_models import build_tiny
+    from lora_pipeline.config.params import validate
+    from lora_pipeline.registry.serving import log_merged_model
+    from lora_pipeline.model.tiny import build_tiny
 
     folder = tmp_path_factory.mktemp("serving")
     params = validate(yaml.safe_load((ROOT / "params.yaml").read_text()))

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from conftest import ROOT, run, run_env, set_params
-from lora_pipeline.checkpoints import MANIFEST
-from lora_pipeline.launch import hostnames, main_port
+from lora_pipeline.launch.checkpoints import MANIFEST
+from lora_pipeline.launch.launcher import hostnames, main_port
 
 pytestmark = pytest.mark.e2e
 
@@ -52,8 +52,8 @@ def queue() -> list[str]:
 
 def test_a_node_of_a_two_node_step_knows_its_rank_main_node_and_port(slurm_cluster, slurm_repo):
     """What srun tells each node's launcher, read back as the accelerate command that node runs."""
-    script = ("from pathlib import Path; from lora_pipeline.launch import node_command; "
-              "from lora_pipeline.params import validate; from lora_pipeline.dvcfiles import read_yaml; "
+    script = ("from pathlib import Path; from lora_pipeline.launch.launcher import node_command; "
+              "from lora_pipeline.config.params import validate; from lora_pipeline.config.dvcfiles import read_yaml; "
               "print(' '.join(node_command('train', validate(read_yaml(Path('params.yaml'))))))")
     set_params(slurm_repo, **TWO_NODES)
     try:
@@ -142,8 +142,8 @@ def test_an_unknown_partition_is_refused_before_any_stage_runs(slurm_repo):
 def test_validate_asks_slurm_whether_it_would_run_each_job(slurm_cluster, monkeypatch):
     """srun --test-only: a job that asks for more nodes than the cluster has is refused with Slurm's reason."""
     from helpers import shipped
-    from lora_pipeline.checks import validate_all
-    from lora_pipeline.params import ParamsError
+    from lora_pipeline.validation.checks import validate_all
+    from lora_pipeline.config.params import ParamsError
 
     monkeypatch.chdir(ROOT)
     validate_all(shipped(**TWO_NODES, **{"eval.nodes": 2}))

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e  # real launches, each a few seconds of imports
 def launch(tmp_path, config: str) -> tuple[subprocess.Popen, list[psutil.Process]]:
     """The launcher running module `waiting` from tmp_path; returns once its stage processes have started."""
     (tmp_path / "waiting.py").write_text("import time\ntime.sleep(600)\n")
-    proc = subprocess.Popen([sys.executable, "-m", "lora_pipeline.stage_launch", "--config_file",
+    proc = subprocess.Popen([sys.executable, "-m", "lora_pipeline.launch.stage_launch", "--config_file",
                              str(ROOT / "configs" / "accelerate" / f"{config}.yaml"), "-m", "waiting"],
                             cwd=tmp_path, env=run_env(PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -1,9 +1,10 @@
-"""lora_pipeline.stage_outputs agrees with dvc.yaml, the pipeline's own record of what each stage writes, and with
+"""lora_pipeline.config.outputs agrees with dvc.yaml, the pipeline's own record of what each stage writes, and with
 trl.SFTConfig."""
 import yaml
 
 from conftest import ROOT
-from lora_pipeline.stage_outputs import METRICS, STAGE_OWNED_SFT_FIELDS, WRITTEN_BY, train_sft_args
+from lora_pipeline.config.outputs import METRICS, WRITTEN_BY
+from lora_pipeline.train.sft_args import STAGE_OWNED_SFT_FIELDS, train_sft_args
 
 DVC_STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
@@ -33,7 +34,7 @@ def test_register_depends_on_exactly_the_metrics_files_it_logs():
 
 
 def test_the_sft_fields_train_sets_are_sftconfig_fields():
-    from lora_pipeline.checks import library_fields
+    from lora_pipeline.validation.checks import library_fields
 
     assert STAGE_OWNED_SFT_FIELDS == set(train_sft_args(ROOT / "models/adapter", 10, True))
     assert STAGE_OWNED_SFT_FIELDS <= set(library_fields()["trl.SFTConfig"])

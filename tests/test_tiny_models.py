@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from lora_pipeline import builtin_data
-from lora_pipeline.tiny_models import cut_to_tokens, pretrain, pretraining_corpus, tokenizer_corpus, train_tokenizer
+from lora_pipeline.data import builtin as builtin_data
+from lora_pipeline.model.tiny import cut_to_tokens, pretrain, pretraining_corpus, tokenizer_corpus, train_tokenizer
 
 ROWS = builtin_data.generate(300, seed=4)
 MAX_LENGTH = 128  # what pretrain cuts each text to

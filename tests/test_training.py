@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, masking_utils
 
-from lora_pipeline.modeling import apply_liger
-from lora_pipeline.training import block_masks_built, build_block_masks_eagerly, compile_decoder_layers
+from lora_pipeline.model.loading import apply_liger
+from lora_pipeline.train.training import block_masks_built, build_block_masks_eagerly, compile_decoder_layers
 
 
 def test_eager_block_masks_keep_packed_rows_apart():
@@ -26,7 +26,7 @@ def test_eager_block_masks_keep_packed_rows_apart():
 
 def _packed_rows_apart():
     build_block_masks_eagerly()
-    assert masking_utils.create_block_mask.__module__ == "lora_pipeline.training"
+    assert masking_utils.create_block_mask.__module__ == "lora_pipeline.train.training"
     config = Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, use_cache=False)
     torch.manual_seed(0)
@@ -54,9 +54,9 @@ def _tiny_trainer(tmp_path, name, sets, arch="qwen2"):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from lora_pipeline.params import ROOT, for_stage, validate
-    from lora_pipeline.recipes import apply_sets
-    from lora_pipeline.training import build_trainer
+    from lora_pipeline.config.params import ROOT, for_stage, validate
+    from cli.recipes import apply_sets
+    from lora_pipeline.train.training import build_trainer
 
     base = tmp_path / ("base" if arch == "qwen2" else f"base-{arch}")
     if not base.is_dir():

@@ -168,7 +168,7 @@ def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(repo):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from lora_pipeline.chat import training_rows
+    from lora_pipeline.model.chat import training_rows
 
     use(repo, "sharegpt tools")
     run(["dvc", "repro", "train"], repo)

@@ -1,0 +1,129 @@
+"""Text generation for evaluation and serving: the implementations that decode, length-sorted batches, and the
+batches split over the processes of a launch."""
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import CompileConfig
+from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
+
+from lora_pipeline.launch.distributed import gather, process_group
+from lora_pipeline.model.loading import experts_implementation, inference_attention, set_experts_implementation
+
+# transformers' generate swaps grouped_mm for batched_mm while it decodes, and batched_mm copies each selected
+# expert's weights once per token: a whole prompt batch in prefill asks for hundreds of GiB on gpt-oss-20b. The same
+# grouped kernels (tokens sorted by expert, one grouped GEMM per projection) under a name of their own are kept.
+GROUPED_FOR_GENERATION = "grouped_mm_generate"
+ExpertsInterface.register(GROUPED_FOR_GENERATION, grouped_mm_experts_forward)
+
+
+# How each decode step runs (eval.decode_step). eager: every op launched from Python, into a KV cache that grows.
+# cudagraphs, inductor: transformers' static KV cache (fixed shapes), with generate compiling the decode step
+# (torch.compile, whole graph) under that backend: cudagraphs replays the step's recorded CUDA graph, one launch
+# instead of hundreds; inductor ("reduce-overhead") fuses the kernels too, and records them as a CUDA graph.
+DECODE_STEPS = ("eager", "cudagraphs", "inductor")
+
+
+def decoding_implementations(model_type: str, attention: str, experts: str | None, decode_step: str = "eager",
+                             device_type: str = "cuda", sliding_window_layers: bool = False) -> dict:
+    """The attention and experts implementations and the decode step generation runs, given those the model was
+    loaded with and the step asked for, and why any differs: the attention of short passes
+    (loading.inference_attention), grouped experts keep their grouped kernels while decoding, and a compiled decode
+    step needs a GPU and a model without sliding-window layers (their static cache counts its length in a Python
+    int, which the compiled step is specialised on: it would compile again for every token until the window is
+    full)."""
+    attention, note = inference_attention(model_type, attention)
+    notes = [note] if note else []
+    if experts in ("grouped_mm", "batched_mm"):
+        notes.append(f"{experts} experts decode as {GROUPED_FOR_GENERATION} (grouped_mm that generate keeps)")
+        experts = GROUPED_FOR_GENERATION
+    if decode_step not in DECODE_STEPS:
+        raise ValueError(f"eval.decode_step: {decode_step!r} is not one of {', '.join(DECODE_STEPS)}")
+    if decode_step != "eager" and (device_type != "cuda" or sliding_window_layers):
+        why = "needs a GPU" if device_type != "cuda" else "would recompile for every token of sliding-window layers"
+        notes.append(f"the {decode_step} decode step {why}: eager")
+        decode_step = "eager"
+    return {"attention": attention, "experts": experts, "decode_step": decode_step, "notes": notes}
+
+
+def use_for_generation(model, decode_step: str = "eager") -> dict:
+    """Switch a loaded model to the implementations that decode (decoding_implementations) and return them; pass
+    the returned decode_step to generate."""
+    sliding = "sliding_attention" in (getattr(model.config, "layer_types", None) or [])
+    chosen = decoding_implementations(model.config.model_type, model.config._attn_implementation,
+                                      experts_implementation(model), decode_step, model.device.type, sliding)
+    if chosen["attention"] != model.config._attn_implementation:
+        model.set_attn_implementation(chosen["attention"])
+    if chosen["experts"]:
+        set_experts_implementation(model, chosen["experts"])
+    return chosen
+
+
+def decode_step_options(decode_step: str, compile_on_cpu: bool = False) -> dict:
+    """transformers generate's arguments for a decode step of DECODE_STEPS. `compile_on_cpu`: compile on the CPU too
+    (transformers compiles on GPUs only), for checking on a CPU that the step compiles as one graph."""
+    if decode_step == "eager":
+        return {}
+    config = CompileConfig(backend=decode_step, mode="reduce-overhead" if decode_step == "inductor" else None,
+                           fullgraph=True, dynamic=False)
+    config._compile_all_devices = compile_on_cpu
+    return {"cache_implementation": "static", "compile_config": config}
+
+
+def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int,
+             do_sample: bool = False, stats: dict | None = None, decode_step: str = "eager", **options) -> list[str]:
+    """Batched generation (left padding) of the assistant turn; returns the new text, special tokens kept.
+    `options`: further arguments of transformers' generate (e.g. min_new_tokens)."""
+    prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    return generate_from_prompts(model, tokenizer, prompts, max_new_tokens, batch_size, stats=stats,
+                                 decode_step=decode_step, do_sample=do_sample, **options)
+
+
+PAD_MULTIPLE = 64  # a compiled decode step's prompt widths: fewer distinct shapes, fewer compiles
+
+
+def batches(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices in batches of similar lengths (shortest first), so little of each batch is padding; the same batches
+    whatever the number of processes, so each prompt is decoded as one process would decode it."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+@torch.no_grad()
+def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
+                          stats: dict | None = None, decode_step: str = "eager", **sampling) -> list[str]:
+    """Batched generation (left padding) after prompts already rendered with the chat template; returns the new
+    text, special tokens kept. In a launch of several processes each takes every n-th batch and all get every text.
+    `sampling`: do_sample, temperature, top_p (greedy unless do_sample), or other arguments of transformers'
+    generate. `decode_step`: one of DECODE_STEPS (use_for_generation's choice); a compiled step compiles once per
+    batch shape, so its prompts are padded to a multiple of PAD_MULTIPLE tokens. `stats`, if given, accumulates this
+    process's new tokens, decode steps and seconds."""
+    tokenizer.padding_side = "left"
+    sampling |= decode_step_options(decode_step)
+    pad_multiple = PAD_MULTIPLE if decode_step != "eager" else None
+    rank, world = process_group()
+    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    mine = []
+    for batch in batches([len(ids) for ids in encoded], batch_size)[rank::world]:
+        inputs = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, pad_to_multiple_of=pad_multiple,
+                               return_tensors="pt").to(model.device)
+        started = time.perf_counter()
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                             **sampling)
+        new = out[:, inputs["input_ids"].shape[1]:]
+        if stats is not None:
+            if model.device.type == "cuda":
+                torch.cuda.synchronize(model.device)
+            stats["seconds"] = stats.get("seconds", 0.0) + time.perf_counter() - started
+            stats["decode_steps"] = stats.get("decode_steps", 0) + new.shape[1]
+            stats["new_tokens"] = stats.get("new_tokens", 0) + int((new != tokenizer.pad_token_id).sum())
+            stats["prompts"] = stats.get("prompts", 0) + len(batch)
+        for i, row in zip(batch, new):
+            text = tokenizer.decode(row, skip_special_tokens=False)
+            mine.append((i, text.replace(tokenizer.pad_token, "") if tokenizer.pad_token else text))
+    tokenizer.padding_side = "right"
+    outputs = [""] * len(prompts)
+    for i, text in gather(mine):
+        outputs[i] = text
+    return outputs

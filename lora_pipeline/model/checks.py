@@ -1,0 +1,239 @@
+"""The checks of the params against the base model, before any weights load (model/loading.py loads it): that a
+local model is a model folder (fetch and validate), and validate's checks of its config, module and parameter names
+and stored quantization, and the params they rule out: LoRA targets, experts, quantization, save format."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+from lora_pipeline.config import dvcfiles
+from lora_pipeline.config.cache import cached
+from lora_pipeline.config.dvcfiles import ROOT
+
+# Multi-process setups that shard each weight across processes: a bitsandbytes-quantized base is not sharded here.
+SHARDED = {"FSDP", "DEEPSPEED"}
+
+TINY_MODEL_TYPES = {"tiny-qwen2": "qwen2", "tiny-gpt-oss": "gpt_oss"}
+
+
+def check_tiny(model) -> None:
+    """tiny-gpt-oss is stored in MXFP4, whose blocks need the widths to be multiples of the block size."""
+    from lora_pipeline.model.mxfp4 import MXFP4_BLOCK
+
+    if model.source != "tiny-gpt-oss":
+        return
+    for key in ("hidden_size", "intermediate_size"):
+        value = getattr(model.tiny, key)
+        if value % MXFP4_BLOCK:
+            raise ValueError(f"model.tiny.{key}: {value} is not a multiple of {MXFP4_BLOCK}, which tiny-gpt-oss "
+                             f"(MXFP4) needs; allowed: {MXFP4_BLOCK}, {2 * MXFP4_BLOCK}, ...")
+
+
+@dataclass
+class ModelLayout:
+    """What LoRA can target in the base model: its type, leaf module and parameter names, whether it has MoE experts."""
+    model_type: str
+    modules: list[str]
+    parameters: list[str]
+
+    @property
+    def has_experts(self) -> bool:
+        return any(".experts." in name for name in self.parameters)
+
+
+def base_model_config(model, root: Path):
+    """The base model's transformers config, without its weights: built from model.tiny, read from the local
+    folder, or for a Hub model from models/base when dvc.lock shows fetch put that very model there; else None."""
+    from transformers import AutoConfig
+
+    if model.source in TINY_MODEL_TYPES:
+        tiny = model.tiny
+        return AutoConfig.for_model(
+            TINY_MODEL_TYPES[model.source], vocab_size=tiny.vocab_size, hidden_size=tiny.hidden_size,
+            intermediate_size=tiny.intermediate_size, num_hidden_layers=tiny.num_hidden_layers,
+            num_attention_heads=tiny.num_attention_heads, num_key_value_heads=tiny.num_key_value_heads,
+            num_local_experts=tiny.num_local_experts, num_experts_per_tok=tiny.num_experts_per_tok)
+    folder = Path(model.name) if model.source == "local" else root / "models" / "base"
+    if model.source == "hub":
+        fetched = dvcfiles.locked_params("fetch", root)
+        if any(fetched.get(f"model.{key}") != getattr(model, key) for key in ("source", "name", "revision")):
+            return None  # models/base holds another model, or none yet
+    if not (folder / "config.json").is_file():
+        return None
+    return AutoConfig.from_pretrained(folder, trust_remote_code=model.trust_remote_code)
+
+
+def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
+    """The base model's module and parameter names, from its architecture built on the meta device (no memory).
+    Importing the architecture's code is slow compared to the rest of validate: the names are cached per config and
+    transformers version (not for remote code, which can change under the same version)."""
+    config = base_model_config(model, root)
+    if config is None:
+        return None
+
+    def names() -> dict:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            built = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code)
+        # Only leaf modules: peft wraps layers (Linear, Embedding, ...), not the blocks that hold them.
+        leaves = [name for name, module in built.named_modules() if not list(module.children())]
+        return dataclasses.asdict(ModelLayout(config.model_type, leaves, [n for n, _ in built.named_parameters()]))
+
+    key = hashlib.sha256(f"{version('transformers')}\n{config.to_json_string()}".encode()).hexdigest()[:20]
+    return ModelLayout(**(names() if model.trust_remote_code else cached(f"layout-{key}.json", names)))
+
+
+def matches(names: list[str], key: str) -> bool:
+    """Whether peft's name matching finds `key` among module or parameter names: the name or its dotted tail."""
+    return any(name == key or name.endswith("." + key) for name in names)
+
+
+def module_kinds(names: list[str], parameters: bool = False) -> list[str]:
+    """Distinct names without layer numbers: the last part of each module name, or the owner.name of a parameter."""
+    parts = 2 if parameters else 1
+    return sorted({".".join(n.split(".")[-parts:]) for n in names if not n.split(".")[-1].isdigit()})
+
+
+def check_base_model(model, lora, root: Path = ROOT) -> None:
+    """Settings that the base model's architecture rules out: experts on a model without them, LoRA targets that
+    name nothing in it."""
+    layout = base_model_layout(model, root)
+    if layout is None:
+        return  # a Hub model not fetched yet: fetch and train check these against the real weights
+    problems = []
+    arch = f"the base model ({layout.model_type})"
+    if model.experts_implementation != "eager" and not layout.has_experts:
+        problems.append(f"model.experts_implementation: {model.experts_implementation}, but {arch} has no MoE "
+                        "experts; allowed: eager")
+    targets = lora.target_modules
+    if isinstance(targets, str) and targets != "all-linear" and not any(re.fullmatch(targets, m)
+                                                                        for m in layout.modules):
+        problems.append(f"lora.target_modules: the regex '{targets}' matches no module of {arch}; allowed: all-linear, "
+                        f"a regex or names such as {module_kinds(layout.modules)}")
+    elif isinstance(targets, list):
+        missing = [t for t in targets if not matches(layout.modules, t)]
+        if missing:
+            problems.append(f"lora.target_modules: {missing} name no module of {arch}; allowed: "
+                            f"{module_kinds(layout.modules)}")
+    missing = [t for t in lora.target_parameters if not matches(layout.parameters, t)]
+    if missing:
+        experts = "" if layout.has_experts else ", which has no MoE experts"
+        problems.append(f"lora.target_parameters: {missing} name no parameter of {arch}{experts}; allowed: [] or "
+                        f"parameters such as {module_kinds(layout.parameters, parameters=True)}")
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+UNKNOWN = "unknown"
+
+
+def base_stored_quantization(model, root: Path = ROOT) -> str | None:
+    """The quant_method of the weights the base checkpoint stores (mxfp4 for gpt-oss), None for plain weights;
+    UNKNOWN for a Hub model not fetched yet."""
+    from lora_pipeline.model.loading import stored_quantization
+
+    if model.source in TINY_MODEL_TYPES:  # fetch writes tiny-gpt-oss in MXFP4, as openai/gpt-oss-20b ships
+        return "mxfp4" if model.source == "tiny-gpt-oss" else None
+    config = base_model_config(model, root)
+    return UNKNOWN if config is None else stored_quantization(config)
+
+
+def check_quantization(model, quantization, train, distributed: str | None, root: Path = ROOT) -> None:
+    """quantization choices that the base model, the other params, the accelerate config's distributed_type or this
+    machine rule out."""
+    from lora_pipeline.model.loading import BITSANDBYTES, method_problem
+
+    method, compute, problems = quantization.method, quantization.compute_dtype, []
+    stored = base_stored_quantization(model, root)
+    if stored != UNKNOWN and (problem := method_problem(method, stored)):
+        problems.append(f"quantization.method: {problem}")
+    if method in BITSANDBYTES:
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            problems.append(f"quantization.method: {method} needs the bitsandbytes package, which is not installed "
+                            "(pip install -r requirements.txt); allowed here: none, mxfp4-dequantize")
+        if distributed in SHARDED:
+            problems.append(f"quantization.method: {method} with train.accelerate_config {train.accelerate_config} "
+                            f"({distributed}): the bitsandbytes-quantized base is not sharded across processes here "
+                            "(FSDP-QLoRA needs bnb_4bit_quant_storage and per-framework setup that the train stage "
+                            "does not do); allowed: none, or a config with one replica per process (cpu, cpu_ddp, "
+                            "single_gpu, multi_gpu, ...)")
+    if method == "mxfp4-dequantize" and distributed == "DEEPSPEED":
+        problems.append(f"quantization.method: mxfp4-dequantize with train.accelerate_config {train.accelerate_config} "
+                        "(DEEPSPEED): transformers loads a quantized checkpoint without zero.Init, so every process "
+                        "first dequantizes the whole model on the CPU, one copy per process, before training starts; "
+                        "write a bf16 copy once (python -m lora_pipeline.model.mxfp4_checkpoint dequantize models/base "
+                        "FOLDER) "
+                        "and train that with model.source local, model.name FOLDER, quantization.method none; "
+                        "or keep mxfp4-dequantize with fsdp2 or multi_gpu")
+    if compute != "auto" and (problem := compute_dtype_problem(method, compute, model.dtype, train.sft)):
+        problems.append(f"quantization.compute_dtype: {compute}{problem}")
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+def check_packed_experts(model, lora, distributed: str | None, accelerate_config: str, root: Path = ROOT) -> None:
+    """model.experts_implementation grouped_mm_mxfp4 (the frozen experts kept in MXFP4 while training) needs a gpt-oss
+    base stored in MXFP4, LoRA that leaves the experts' weights alone, and one replica per process; what is not known
+    before fetch (a Hub model's config) the train stage checks on the loaded weights."""
+    from lora_pipeline.model.loading import MXFP4_EXPERTS
+
+    if model.experts_implementation != MXFP4_EXPERTS:
+        return
+    from lora_pipeline.model.mxfp4_experts import packing_problems
+
+    config = base_model_config(model, root)
+    stored = base_stored_quantization(model, root)
+    problems = packing_problems(config.model_type if config is not None else None,
+                                None if stored == UNKNOWN else stored or "none", lora.target_parameters)
+    if distributed in SHARDED:
+        problems.append(f"model.experts_implementation: {MXFP4_EXPERTS} with train.accelerate_config "
+                        f"{accelerate_config} ({distributed}): the packed experts are buffers, which FSDP and "
+                        "DeepSpeed do not shard (each process would hold all of them), and the path is not tested "
+                        "there; allowed: grouped_mm, or a config with one replica per process (single_gpu, multi_gpu, "
+                        "...)")
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+def compute_dtype_problem(method: str, compute: str, dtype: str, sft) -> str | None:
+    """Why an explicit quantization.compute_dtype makes no sense with these params on this machine, or None."""
+    import torch
+
+    if method != "nf4":
+        return f" applies to method nf4 only (got method {method}); allowed: auto"
+    if sft.bf16 or sft.fp16:
+        flag, autocast = ("bf16", "bfloat16") if sft.bf16 else ("fp16", "float16")
+        if compute != autocast:
+            return (f", but train.sft.{flag} runs the 4-bit layers' matmuls in {autocast} whatever it says; "
+                    f"allowed: auto, {autocast}")
+    elif compute == "float16" and dtype == "bfloat16":
+        return (" for a bfloat16 model (model.dtype): activations beyond float16's range (65504) overflow; allowed: "
+                "auto, bfloat16, float32")
+    if compute == "bfloat16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        return f", but this GPU ({torch.cuda.get_device_name()}) has no bfloat16; allowed here: auto, float16, float32"
+    return None
+
+
+def check_save_format(model, merge, root: Path = ROOT) -> None:
+    """merge.save_format: mxfp4 stores gpt-oss's MoE experts, so it needs a gpt-oss base (checked here where the base's
+    config is known before fetch; the merge stage checks models/base itself)."""
+    from lora_pipeline.model.mxfp4_checkpoint import save_format_problem
+
+    config = base_model_config(model, root)
+    problem = save_format_problem(merge.save_format, config.model_type) if config is not None else None
+    if problem:
+        raise ValueError(problem)
+
+
+def check_model(model) -> None:
+    """model.source local needs a model folder (config.json) at model.name."""
+    if model.source == "local" and not (Path(model.name) / "config.json").is_file():
+        raise FileNotFoundError(f"model.name: {model.name} is not a model folder (no config.json)")

@@ -1,0 +1,53 @@
+"""The names a run gives MLflow (register.model_name, register.experiment, the aliases register sets), checked by
+MLflow's own rules before any stage runs, and the filter that finds a registered model's versions by its name."""
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+# The aliases register sets: a new version is the candidate; the champion only if it beats the last one.
+CANDIDATE, CHAMPION = "candidate", "champion"
+ALIASES = (CANDIDATE, CHAMPION)
+
+
+def name_filter(model_name: str) -> str:
+    """MLflow's search filter for the versions of `model_name`: its filter strings have no escapes, so the name is
+    quoted with the quote it does not contain (check_mlflow_names refuses one holding both)."""
+    quote = "'" if "'" not in model_name else '"'
+    return f"name = {quote}{model_name}{quote}"
+
+
+def _is_file_store() -> bool:
+    """Whether runs go to a folder (MLFLOW_TRACKING_URI with no scheme, or file:): MLflow's file store, whose registry
+    refuses more names. Unset, they go to the repository's sqlite store (lora_pipeline.train.tracking)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    return bool(uri) and urlsplit(uri).scheme in ("", "file")
+
+
+def mlflow_name_problems(register) -> list[str]:
+    """One line per name MLflow would refuse: the key, then MLflow's own message, which names the rule."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.store.model_registry import file_store
+    from mlflow.utils import validation
+
+    model_rule = file_store._validate_model_name if _is_file_store() else validation._validate_model_name
+    checks = [("register.model_name", register.model_name, model_rule),
+              ("register.experiment", register.experiment, validation._validate_experiment_name)]
+    for alias in ALIASES:
+        checks += [(f"the alias '{alias}' that register sets", alias, rule)
+                   for rule in (validation._validate_model_alias_name, validation._validate_model_alias_name_reserved)]
+    problems = []
+    for key, name, rule in checks:
+        try:
+            rule(name)
+        except MlflowException as exc:
+            problems.append(f"{key}: {exc.message} (MLflow's own rule, checked before any stage runs)")
+    if "'" in register.model_name and '"' in register.model_name:
+        problems.append(f"register.model_name: {register.model_name!r} holds both quote characters, and MLflow's "
+                        "search filters (which register uses to find its versions) cannot quote such a name")
+    return problems
+
+
+def check_mlflow_names(register) -> None:
+    if problems := mlflow_name_problems(register):
+        raise ValueError("\n".join(problems))

@@ -1,0 +1,188 @@
+"""Everything the validate stage checks (validate_all), the split's rule against the most rows fetch can yield, and
+the check of train.sft and lora against trl.SFTConfig's and peft.LoraConfig's own fields; the checks of data, the
+base model and the machine live with their concern."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from importlib.metadata import version
+from pathlib import Path
+
+from lora_pipeline.config import dvcfiles
+from lora_pipeline.config.cache import cached
+from lora_pipeline.config.outputs import HELD_OUT_GATE, REASONING_FIGURES, gate
+from lora_pipeline.config.params import Params, ParamsError, ROOT, for_stage, validate
+from lora_pipeline.data.formats import Converter, FormatError, check_format
+from lora_pipeline.data.local import check_data, local_objects, local_rows
+from lora_pipeline.data.splitting import split_problem
+from lora_pipeline.evaluate.checks import check_eval, check_gate_metric, check_register
+from lora_pipeline.evaluate.scoring import asks_reasoning_language
+from lora_pipeline.launch.launcher import check_launch
+from lora_pipeline.launch.machine import check_eval_launch, check_machine, distributed_type
+from lora_pipeline.model.checks import (check_base_model, check_model, check_packed_experts, check_quantization,
+                                        check_save_format, check_tiny)
+from lora_pipeline.registry.mlflow_names import check_mlflow_names
+from lora_pipeline.train.sft_args import STAGE_OWNED_SFT_FIELDS
+
+
+def validate_all(raw: dict, root: Path = ROOT) -> Params:
+    """Everything the validate stage checks: the schema, each stage's declared keys, then every check below, with
+    paths relative to the working directory (the repository root, where stages run); raises one ParamsError that
+    lists each problem by its dotted key."""
+    params = validate(raw)
+    for stage in dvcfiles.stages(root):  # every key that dvc.yaml declares must exist in the schema
+        for_stage(params, stage, dvcfiles.declared_params(stage, root))
+    view = for_stage(params, "validate", dvcfiles.declared_params("validate", root))
+    checks = [
+        lambda: check_data(view.data),
+        lambda: check_format(view.data),
+        lambda: check_split(view.data, view.split),
+        lambda: check_model(view.model),
+        lambda: check_tiny(view.model),
+        lambda: check_library_fields(view.train, view.lora),
+        lambda: check_scheduler(view.train),
+        lambda: check_machine(view.model, view.train, root, view.launch),
+        lambda: check_launch(view, root),
+        lambda: check_base_model(view.model, view.lora, root),
+        lambda: check_quantization(view.model, view.quantization, view.train, distributed_type(view.train, root), root),
+        lambda: check_packed_experts(view.model, view.lora, distributed_type(view.train, root),
+                                     view.train.accelerate_config, root),
+        lambda: check_save_format(view.model, view.merge, root),
+        lambda: check_eval(view.eval),
+        lambda: check_eval_launch(view.eval, root, view.launch),
+        lambda: check_register(view.register),
+        lambda: check_mlflow_names(view.register),
+        lambda: check_gate_metric(view.register, view.eval, view.data.source),
+        lambda: check_gate_data(view.register, view.data),
+    ]
+    problems = []
+    for check in checks:
+        try:
+            check()
+        except (ValueError, OSError) as exc:
+            problems.append(str(exc))
+    if problems:
+        lines = [line for problem in problems for line in problem.splitlines()]
+        raise ParamsError("params.yaml is invalid:\n" + "\n".join(f"  {line}" for line in lines))
+    return view
+
+
+def check_gate_data(register, data) -> None:
+    """A reasoning figure (compliance, the final answer's language, the built-in accuracy) gates only data whose rows
+    ask for a reasoning language; a local file is read to know it (a Hub data set is known only once fetched)."""
+    metric, _ = gate(register, data.source)
+    if metric.startswith(REASONING_FIGURES) and data.source == "local" and not local_rows_ask_reasoning(data):
+        raise ValueError(f"register.gate_metric: '{metric}' needs rows that ask for a reasoning language, and no row "
+                         f"of {data.name} does; gate on the held-out loss ({HELD_OUT_GATE}, or auto)")
+
+
+def local_rows_ask_reasoning(data) -> bool:
+    """Whether a row of the local data file asks for a reasoning language (True where the file cannot be read:
+    check_data or fetch names why)."""
+    rows = local_objects(Path(data.name)) if local_file_ok(data) else None
+    if rows is None:
+        return True
+    converter = Converter(data.format, data.columns, "file", "chosen_only")
+    for number, row in enumerate(rows, 1):
+        try:
+            converted, _ = converter.convert(number, row, text_cells=Path(data.name).suffix in (".csv", ".tsv"))
+        except FormatError:
+            return True  # fetch names the row
+        if isinstance(converted, dict) and asks_reasoning_language(converted):
+            return True
+    return False
+
+
+def most_rows(data) -> tuple[int, str] | None:
+    """The most rows fetch can yield, known before it runs, and the key that sets that bound: data.builtin_rows,
+    the rows of a local data file (data.name), data.max_rows of any source."""
+    bounds = []
+    if data.source == "builtin":
+        bounds.append((data.builtin_rows, "data.builtin_rows"))
+    if data.source == "local" and local_file_ok(data) and (rows := local_rows(Path(data.name))) is not None:
+        bounds.append((rows, f"the rows of data.name {data.name}"))
+    if data.max_rows:
+        bounds.append((data.max_rows, "data.max_rows"))
+    return min(bounds, key=lambda bound: bound[0]) if bounds else None
+
+
+def local_file_ok(data) -> bool:
+    """Whether check_data accepts the local file (a file outside the repository is never read, not even counted)."""
+    try:
+        check_data(data)
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def check_split(data, split) -> None:
+    bound = most_rows(data)
+    if bound is None:  # a Hub data set of unknown size: only a row count below the least can be refused now
+        if split.test_size >= 1 and (problem := split_problem(int(split.test_size) + 1, split.test_size)):
+            raise ValueError(problem)
+        return
+    rows, what = bound
+    if problem := split_problem(rows, split.test_size, f"at most {rows} ({what})"):
+        raise ValueError(problem)
+
+
+# What LoRA papers and other tools call the fields that peft names otherwise.
+FIELD_ALIASES = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target": "target_modules"}
+
+
+def closest(name: str, known) -> str | None:
+    """The known name that `name` most likely means: its alias, else the nearest spelling."""
+    alias = FIELD_ALIASES.get(name)
+    return alias if alias in known else next(iter(difflib.get_close_matches(name, sorted(known), n=1)), None)
+
+
+def unknown_fields(given: dict, known: set[str], section: str, owner: str) -> list[str]:
+    """One message per key of `given` that is not a field of `owner`, with the closest field name."""
+    messages = []
+    for key in given:
+        if key not in known:
+            close = closest(key, known)
+            hint = f"; did you mean {section}.{close}?" if close else ""
+            messages.append(f"{section}.{key}: not a {owner} field{hint}")
+    return messages
+
+
+def library_fields() -> dict[str, list[str]]:
+    """The field names of trl.SFTConfig and peft.LoraConfig, and transformers' scheduler names. Importing them loads
+    peft, and with it bitsandbytes, slowly compared to the rest of validate: they are cached per installed version of
+    trl, peft and transformers."""
+
+    def names() -> dict[str, list[str]]:
+        from peft import LoraConfig
+        from transformers import SchedulerType
+        from trl import SFTConfig
+
+        return {"trl.SFTConfig": sorted(f.name for f in dataclasses.fields(SFTConfig)),
+                "peft.LoraConfig": sorted(f.name for f in dataclasses.fields(LoraConfig)),
+                "transformers.SchedulerType": [s.value for s in SchedulerType]}
+
+    key = "-".join(f"{package}{version(package)}" for package in ("trl", "peft", "transformers"))
+    return cached(f"fields-{key}.json", names)
+
+
+def check_library_fields(train, lora) -> None:
+    """train.sft and lora pass straight to trl.SFTConfig and peft.LoraConfig: every key must be one of their fields."""
+    fields = library_fields()
+    sft = train.sft.dump()
+    problems = [f"train.sft.{key}: the train stage sets it itself; remove it" for key in sft
+                if key in STAGE_OWNED_SFT_FIELDS]
+    problems += unknown_fields({k: v for k, v in sft.items() if k not in STAGE_OWNED_SFT_FIELDS},
+                               set(fields["trl.SFTConfig"]), "train.sft", "trl.SFTConfig")
+    problems += unknown_fields(lora.dump(), set(fields["peft.LoraConfig"]) - {"task_type"},
+                               "lora", "peft.LoraConfig")
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+def check_scheduler(train) -> None:
+    name, known = train.sft.lr_scheduler_type, library_fields()["transformers.SchedulerType"]
+    if name not in known:
+        close = closest(name, known)
+        hint = f"did you mean {close}? " if close else ""
+        raise ValueError(f"train.sft.lr_scheduler_type: '{name}' is not a transformers scheduler; {hint}"
+                         f"allowed: {known}")
