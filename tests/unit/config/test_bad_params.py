@@ -197,7 +197,8 @@ def test_good_params_pass(changes):
 
 def with_srun(tmp_path, monkeypatch):
     """PATH with an `srun` that accepts every job (validate asks `srun --test-only`), and no other Slurm command:
-    the checks of the params themselves, whatever Slurm this machine reaches (tests/test_slurm.py asks a real one)."""
+    the checks of the params themselves, whatever Slurm this machine reaches (tests/e2e/test_slurm.py asks a real
+    one)."""
     (tmp_path / "srun").write_text("#!/bin/sh\nexit 0\n")
     (tmp_path / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -1,6 +1,7 @@
 """The stage launcher (accelerate launch's arguments): a stage's process that a signal stops, or a signal to the
 launcher alone, ends in one line naming the stage and the signal, with no traceback; through the one-process
-launcher and torch's multi-process one. The stage here is a module that waits; the real stages: tests/test_resume.py."""
+launcher and torch's multi-process one. The stage here is a module that waits; the real stages:
+tests/e2e/test_resume.py."""
 import signal
 import subprocess
 import sys

@@ -146,7 +146,7 @@ def test_compiled_layers_and_sync_free_steps_under_ddp_learn_what_eager_layers_l
     import sys
     from pathlib import Path
 
-    worker = Path(__file__).with_name("ddp_levers_worker.py")
+    worker = Path(__file__).parents[2] / "ddp_levers_worker.py"  # tests/, beside helpers.py
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(worker), str(tmp_path)], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -181,7 +181,7 @@ def test_fsdp2_sharded_adapter_is_gathered_whole_and_reloads(tmp_path):
     import sys
     from pathlib import Path
 
-    worker = Path(__file__).with_name("fsdp2_adapter_worker.py")
+    worker = Path(__file__).parents[2] / "fsdp2_adapter_worker.py"  # tests/, beside helpers.py
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(worker), str(tmp_path / "adapter")], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
