@@ -166,6 +166,13 @@ def test_deps_list_folders_not_modules(stage):
 
 
 @pytest.mark.parametrize("stage", sorted(DVC_STAGES))
+def test_deps_list_each_path_once(stage):
+    deps = [dep if isinstance(dep, str) else next(iter(dep)) for dep in DVC_STAGES[stage]["deps"]]
+    repeated = sorted({dep for dep in deps if deps.count(dep) > 1})
+    assert not repeated, f"stage {stage}: dvc.yaml deps list {', '.join(repeated)} more than once"
+
+
+@pytest.mark.parametrize("stage", sorted(DVC_STAGES))
 def test_a_dropped_folder_is_named(stage):
     required = stage_required(stage)
     dropped = sorted(dep for dep in required if dep.startswith(LIBRARY))[-1]
