@@ -1,1 +1,2 @@
-"""Shared code of the LoRA fine-tuning pipeline: params schema, data, models, metrics."""
+"""Shared code of the LoRA fine-tuning pipeline, one folder per concern: config, data, model, train, launch, merge,
+evaluate, registry, validation."""

@@ -90,12 +90,12 @@ def has_code(root: Path, path: Path) -> bool:
     return bool(body) or path.name != "__init__.py"
 
 
-def dep_of(path: Path) -> str | None:
-    """The dvc.yaml dep that covers a project file: its lora_pipeline folder, or a stages/ file itself; None for
-    lora_pipeline/__init__.py (a docstring: nothing to depend on)."""
+def dep_of(path: Path) -> str:
+    """The dvc.yaml dep that covers a project file: its lora_pipeline folder, or else the file itself (a stages/
+    file, lora_pipeline/__init__.py: required only once it runs code, see has_code)."""
     parts = PurePosixPath(path).parts
-    if parts[0] == LIBRARY:
-        return f"{LIBRARY}/{parts[1]}" if len(parts) > 2 else None
+    if parts[0] == LIBRARY and len(parts) > 2:
+        return f"{LIBRARY}/{parts[1]}"
     return str(PurePosixPath(path))
 
 
@@ -106,7 +106,7 @@ def cmd_files(root: Path, cmd: str) -> set[Path]:
 
 def required_deps(root: Path, cmd: str) -> set[str]:
     """The deps a stage running `cmd` must list: each lora_pipeline folder it reaches, each stages/ file with code."""
-    return {dep for path in cmd_files(root, cmd) if has_code(root, path) and (dep := dep_of(path)) is not None}
+    return {dep_of(path) for path in cmd_files(root, cmd) if has_code(root, path)}
 
 
 def stage_required(stage: str) -> set[str]:
@@ -115,7 +115,7 @@ def stage_required(stage: str) -> set[str]:
 
 def stage_reached(stage: str) -> set[str]:
     """The deps of every file a stage's code reaches, docstring-only package files included."""
-    return {dep for path in stage_files(stage) if (dep := dep_of(path)) is not None}
+    return {dep_of(path) for path in stage_files(stage)}
 
 
 def covers(dep: str, path: str) -> bool:
@@ -246,11 +246,11 @@ def test_closure_follows_lazy_relative_and_package_imports(tmp_path):
     # empty or docstring-only stages/__init__.py and lora_pipeline/__init__.py run nothing: not required
     assert required_deps(root, "python -m stages.run") == {"stages/run.py", "stages/helper.py", "lora_pipeline/lazy",
                                                            "lora_pipeline/deep", "lora_pipeline/pkg"}
-    reached_deps = {dep for path in reached if (dep := dep_of(Path(path)))}
+    reached_deps = {dep_of(Path(path)) for path in reached}
     assert stale_deps(["stages/run.py", "lora_pipeline/unused", "lora_pipeline/pkg", "data/raw"], reached_deps) == \
         ["lora_pipeline/unused"]
 
 
 def test_a_package_init_with_code_is_required(tmp_path):
-    root = write_tree(tmp_path, {**TREE, "stages/__init__.py": "import os\n"})
-    assert "stages/__init__.py" in required_deps(root, "python -m stages.run")
+    root = write_tree(tmp_path, {**TREE, "stages/__init__.py": "import os\n", "lora_pipeline/__init__.py": "X = 1\n"})
+    assert {"stages/__init__.py", "lora_pipeline/__init__.py"} <= required_deps(root, "python -m stages.run")

@@ -8,8 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lora_pipeline.launch.checkpoints import (DAMAGED, MANIFEST, clear_run, hold_run_lock, kept_checkpoint,
-                                              last_complete, stop_line, write_manifest)
+from conftest import ROOT
+from lora_pipeline.launch.checkpoints import (DAMAGED, MANIFEST, clear_run, content_hash, hold_run_lock,
+                                              kept_checkpoint, last_complete, stop_line, write_manifest)
 
 
 def write_checkpoint(run, step: int):
@@ -147,3 +148,20 @@ def test_stop_line_names_stage_signal_checkpoint_and_the_way_on():
         "train stopped by SIGTERM (signal 15) at step 12; kept: checkpoint checkpoints/train-ab/checkpoint-12")
     assert stop_line("evaluate", 15, None) == \
         "evaluate stopped by SIGTERM (signal 15); kept: no checkpoint; `dvc repro` runs it again"
+
+
+def test_a_folder_hash_skips_python_bytecode_as_dvcignore_does(tmp_path):
+    """run_fingerprint hashes the stage's folder deps as DVC does: .dvcignore keeps __pycache__ and *.pyc out."""
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "module.py").write_text("x = 1\n")
+    source_only = content_hash(package)
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "module.cpython-311.pyc").write_bytes(b"\x00bytecode")
+    (package / "stray.pyc").write_bytes(b"\x00bytecode")
+    assert content_hash(package) == source_only
+    (package / "module.py").write_text("x = 2\n")
+    assert content_hash(package) != source_only
+    ignored = (ROOT / ".dvcignore").read_text().split()
+    assert "__pycache__" in ignored and "*.pyc" in ignored
+
