@@ -9,7 +9,7 @@ RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 setup: $(VENV)/.installed
 
 # torch is pinned in requirements.txt and installed in the same resolve, so no other torch build is pulled in.
-# The project itself (lora_pipeline, stages) is installed editable on top, without touching those pins.
+# The project itself (lora_pipeline, stages, cli) is installed editable on top, without touching those pins.
 $(VENV)/.installed: requirements.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
