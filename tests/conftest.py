@@ -20,9 +20,17 @@ ROOT = Path(__file__).resolve().parents[1]
 MGSM = ROOT.parent / "shared" / "data" / "mgsm"
 # What a copy of the repository leaves out: local environments, stores and everything DVC produces.
 # Outputs, run state (checkpoints of an interrupted training, logs) and local tool folders stay behind.
-COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", "mlflow.db", "mlartifacts",
-                                     "mlruns", "cache", "tmp", "data", "models", "metrics", "plots", "reports",
-                                     "checkpoints", "logs", ".whl*", ".bench", "docs")
+# What copy_repo leaves out: tools' state at any depth (.dvc/cache, .dvc/tmp ...), outputs and docs at the top only,
+# since a source folder may share an output's name (lora_pipeline/data is code).
+IGNORED_ANYWHERE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", "cache", "tmp", ".whl*",
+                                          ".bench")
+IGNORED_AT_TOP = {"mlflow.db", "mlartifacts", "mlruns", "data", "models", "metrics", "plots", "reports", "checkpoints",
+                  "logs", "docs"}
+
+
+def copy_ignore(folder: str, names: list[str]) -> set[str]:
+    ignored = set(IGNORED_ANYWHERE(folder, names))
+    return ignored | (IGNORED_AT_TOP & set(names)) if Path(folder) == ROOT else ignored
 
 
 # Fixtures that run the pipeline, a training, DVC or an MLflow model (or build on one that does): their tests are e2e.
@@ -72,7 +80,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def copy_repo(dest: Path) -> Path:
     """The project's files (no outputs) in a fresh git repository at dest."""
-    shutil.copytree(ROOT, dest, ignore=COPY_IGNORE)
+    shutil.copytree(ROOT, dest, ignore=copy_ignore)
     shutil.copytree(ROOT / "data" / "local", dest / "data" / "local")  # local data files: a dependency of fetch
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
         subprocess.run(cmd, cwd=dest, check=True, env=git_env())
