@@ -1,6 +1,7 @@
 """Print bench/*.jsonl as tables: one per file, the columns its rows hold, a dash where a row lacks one."""
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -102,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", help="only the rows of this recipe")
     parser.add_argument("--keys", default="", help="more columns: row keys, comma-separated")
     args = parser.parse_args(argv)
-    files = args.files or sorted((ROOT / "bench").glob("*.jsonl"))
+    # The training benchmark first, then the pipeline's and the others.
+    files = args.files or sorted((ROOT / "bench").glob("*.jsonl"), key=lambda path: (path.name != "results.jsonl",
+                                                                                      path.name != "pipeline.jsonl",
+                                                                                      path.name))
     extra = tuple(key for key in args.keys.split(",") if key)
     for index, path in enumerate(files):
         rows = [row for row in read_rows(path) if args.recipe in (None, row.get("recipe"))]
@@ -114,4 +118,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
     sys.exit(main())
