@@ -36,6 +36,7 @@ COLUMNS = [
     ("call", "call"),
     ("recipe", "recipe"),
     ("what", _what),
+    ("ran", "ran"),
     ("gpus", "gpus"),
     ("global batch", "global_batch"),
     ("batch", _batch),
@@ -75,7 +76,7 @@ def cell(value) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+        text = f"{value:,.1f}".removesuffix(".0") if abs(value) >= 1000 else f"{value:.4g}"
     elif isinstance(value, int):
         text = f"{value:,}"
     else:

@@ -70,7 +70,7 @@ def test_long_cells_are_cut_and_nested_values_shown_as_json():
     assert bench_history.cell("x" * 100) == "x" * (bench_history.CELL_WIDTH - 3) + "..."
     assert bench_history.cell({"a": 1}) == '{"a": 1}'
     assert bench_history.cell(None) == "-" and bench_history.cell(False) == "false"
-    assert bench_history.cell(1234.5) == "1,234" and bench_history.cell(0.2021) == "0.2021"
+    assert bench_history.cell(1234.5) == "1,234.5" and bench_history.cell(0.2021) == "0.2021"
 
 
 def test_a_line_that_is_not_a_json_object_names_its_file_and_line(tmp_path):
