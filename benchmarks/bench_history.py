@@ -104,10 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", help="only the rows of this recipe")
     parser.add_argument("--keys", default="", help="more columns: row keys, comma-separated")
     args = parser.parse_args(argv)
-    # The training benchmark first, then the pipeline's and the others.
-    files = args.files or sorted((ROOT / "bench").glob("*.jsonl"), key=lambda path: (path.name != "results.jsonl",
-                                                                                      path.name != "pipeline.jsonl",
-                                                                                      path.name))
+    first = ("results.jsonl", "pipeline.jsonl")  # the training benchmark, then the pipeline, then the others
+    files = args.files or sorted((ROOT / "bench").glob("*.jsonl"),
+                                 key=lambda path: (first.index(path.name) if path.name in first else len(first), path.name))
     extra = tuple(key for key in args.keys.split(",") if key)
     for index, path in enumerate(files):
         rows = [row for row in read_rows(path) if args.recipe in (None, row.get("recipe"))]
