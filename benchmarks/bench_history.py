@@ -104,9 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recipe", help="only the rows of this recipe")
     parser.add_argument("--keys", default="", help="more columns: row keys, comma-separated")
     args = parser.parse_args(argv)
-    first = ("results.jsonl", "pipeline.jsonl")  # the training benchmark, then the pipeline, then the others
-    files = args.files or sorted((ROOT / "bench").glob("*.jsonl"),
-                                 key=lambda path: (first.index(path.name) if path.name in first else len(first), path.name))
+    order = {"results.jsonl": 0, "pipeline.jsonl": 1}  # the training benchmark, then the pipeline, then the others
+    files = args.files or sorted((ROOT / "bench").glob("*.jsonl"), key=lambda path: (order.get(path.name, 2), path))
     extra = tuple(key for key in args.keys.split(",") if key)
     for index, path in enumerate(files):
         rows = [row for row in read_rows(path) if args.recipe in (None, row.get("recipe"))]
