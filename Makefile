@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RUN := PATH="$(CURDIR)/$(BIN):$$PATH"
 
-.PHONY: setup repro test test-fast lint recipe bench pipeline exps clean
+.PHONY: setup repro test test-fast lint recipe bench bench-history pipeline exps clean
 
 setup: $(VENV)/.installed
 
@@ -47,6 +47,10 @@ exps: setup
 # make bench RECIPE=qwen2-0.5b (on a GPU machine): seed baseline and ours in one go -> bench/results.jsonl
 bench:
 	bash benchmarks/bench.sh $(RECIPE)
+
+# make bench-history [RECIPE=qwen2-0.5b]: every row of bench/*.jsonl as a table, one per file (stdlib only, no venv)
+bench-history:
+	@python3 benchmarks/bench_history.py $(if $(RECIPE),--recipe $(RECIPE))
 
 # make pipeline RECIPE=qwen2-0.5b (or gpt-oss-20b, default): the recipe's whole pipeline offline at full size, every
 # stage timed -> bench/pipeline.jsonl (benchmarks/pipeline.sh says how)
