@@ -34,7 +34,9 @@ E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "rem
 # uses one runs on the same worker, so that each is built once and its tests run in the order a single process
 # would run them; the two groups come first, one per worker, since they are the longest chains of the suite.
 # Next come the tests that work in a copy of the built default (default_pipeline): they need not wait for repo's
-# chain, and the worker that finishes short_runs first takes them while the other goes on with repo's.
+# chain, and the worker that finishes short_runs first takes them while the other goes on with repo's. Then the
+# other e2e tests, each module a unit of minutes, and the unit tests last: many short modules, which even out the two
+# workers' ends instead of leaving one worker alone with a long e2e module.
 SHARED_PIPELINES = ("repo", "short_runs")
 
 
@@ -56,6 +58,8 @@ def pytest_collection_modifyitems(items):
         group = shared_pipeline(item)
         if group:
             return SHARED_PIPELINES.index(group)
+        if item.get_closest_marker("unit"):
+            return len(SHARED_PIPELINES) + 2
         return len(SHARED_PIPELINES) + ("default_pipeline" not in item.fixturenames)
 
     items.sort(key=rank)  # stable: each group keeps its order
