@@ -43,7 +43,8 @@ SHARED_PIPELINES = ("repo", "short_runs")
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items):
     """Every test is e2e (marked so, or using an E2E_FIXTURES fixture) or else unit, the fast part. An e2e test
-    runs on the worker of the session pipeline it uses, or else beside the rest of its module (module fixtures)."""
+    runs on the worker of the session pipeline it uses, or in the xdist_group it names (a test that builds what it
+    needs in a copy of its own, which may run beside its module's others), or else beside the rest of its module."""
     def shared_pipeline(item) -> str | None:
         defs = item._fixtureinfo.name2fixturedefs
         return next((name for name in SHARED_PIPELINES if name in defs and defs[name][-1].scope == "session"), None)
@@ -53,7 +54,8 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.unit)
             continue
         item.add_marker(pytest.mark.e2e)
-        item.add_marker(pytest.mark.xdist_group(shared_pipeline(item) or item.module.__name__))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(shared_pipeline(item) or item.module.__name__))
     def rank(item) -> int:
         group = shared_pipeline(item)
         if group:

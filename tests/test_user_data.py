@@ -101,6 +101,15 @@ def repo(tmp_path_factory):
     return repo
 
 
+@pytest.fixture
+def own_repo(tmp_path):
+    """A copy of its own, for a test that trains: it runs from fetch on anyway, and in an xdist_group of its own
+    it can run on the other worker beside this module's other tests."""
+    repo = copy_repo(tmp_path / "repo")
+    set_params(repo, **SMALL)
+    return repo
+
+
 def use(repo, case: str, **changes) -> list[dict]:
     """The case's file written into data/local and named in params.yaml; its rows."""
     name, row, params, _ = FILES[case]
@@ -171,7 +180,8 @@ def test_a_link_to_a_file_outside_the_repository_is_refused_by_validate(repo, tm
     assert "Running stage 'fetch'" not in output
 
 
-def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(repo):
+@pytest.mark.xdist_group("user-data-tools")
+def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(own_repo):
     """The glaive-style file trains for a few steps; TRL's own tokenization of its rows (what train ran) holds the
     function schema, the call and the tool's answer, and trains on the call."""
     from datasets import Dataset
@@ -180,6 +190,7 @@ def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(repo):
 
     from lora_pipeline.chat import training_rows
 
+    repo = own_repo
     written = use(repo, "sharegpt tools")
     run(["dvc", "repro", "train"], repo)
     check_fetched_and_split(repo, "sharegpt tools", written)
@@ -201,7 +212,9 @@ def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(repo):
     assert f'"arguments": {{"city": "{city}"}}' in trained and "<tool_response>" not in trained
 
 
-def test_an_alpaca_file_trains_and_registers_gated_on_the_held_out_loss(repo):
+@pytest.mark.xdist_group("user-data-alpaca")
+def test_an_alpaca_file_trains_and_registers_gated_on_the_held_out_loss(own_repo):
+    repo = own_repo
     # a gate this data cannot measure
     written = use(repo, "alpaca history", **{"register.gate_metric": "eval.compliance.overall"})
     output = failed_repro(repo, "register")
