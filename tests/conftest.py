@@ -171,7 +171,9 @@ class BuiltDefault:
             raise
 
     def publish(self, repo: Path) -> None:
-        shutil.copytree(repo, self.path, ignore=shutil.ignore_patterns("cache", "mlflow.db", "mlartifacts"))
+        # DVC's cache goes along (a few MB): without it every output of a copy is "not in cache", and `dvc repro` of
+        # any stage there would run every stage before it again, pretraining the tiny base in fetch included.
+        shutil.copytree(repo, self.path, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
         self.ready.touch()
 
     def wait(self) -> Path:
