@@ -26,7 +26,7 @@ repro: setup
 	@$(RUN) dvc metrics show
 
 test: setup
-	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder tests
+	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=20 tests
 
 test-fast: setup
 	$(RUN) HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python -m pytest -q -n 2 -m unit tests

@@ -42,14 +42,17 @@ E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "rem
 # uses one runs on the same worker, so that each is built once and its tests run in the order a single process
 # would run them; the two groups come first, one per worker, since they are the longest chains of the suite.
 # Next come the tests that work in a copy of the built default (default_pipeline): they need not wait for repo's
-# chain, and the worker that finishes short_runs first takes them while the other goes on with repo's.
+# chain, and the worker that finishes short_runs first takes them while the other goes on with repo's. Then the
+# other e2e tests, each module a unit of minutes, and the unit tests last: many short modules, which even out the two
+# workers' ends instead of leaving one worker alone with a long e2e module.
 SHARED_PIPELINES = ("repo", "short_runs")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items):
     """Every test is e2e (marked so, or using an E2E_FIXTURES fixture) or else unit, the fast part. An e2e test
-    runs on the worker of the session pipeline it uses, or else beside the rest of its module (module fixtures)."""
+    runs on the worker of the session pipeline it uses, or in the xdist_group it names (a test that builds what it
+    needs in a copy of its own, which may run beside its module's others), or else beside the rest of its module."""
     def shared_pipeline(item) -> str | None:
         defs = item._fixtureinfo.name2fixturedefs
         return next((name for name in SHARED_PIPELINES if name in defs and defs[name][-1].scope == "session"), None)
@@ -59,11 +62,14 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.unit)
             continue
         item.add_marker(pytest.mark.e2e)
-        item.add_marker(pytest.mark.xdist_group(shared_pipeline(item) or item.module.__name__))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(shared_pipeline(item) or item.module.__name__))
     def rank(item) -> int:
         group = shared_pipeline(item)
         if group:
             return SHARED_PIPELINES.index(group)
+        if item.get_closest_marker("unit"):
+            return len(SHARED_PIPELINES) + 2
         return len(SHARED_PIPELINES) + ("default_pipeline" not in item.fixturenames)
 
     # then by file name, whatever folder a file is in (tests/unit/<concern>/, tests/e2e/): a group's tests run in one
@@ -176,7 +182,9 @@ class BuiltDefault:
             raise
 
     def publish(self, repo: Path) -> None:
-        shutil.copytree(repo, self.path, ignore=shutil.ignore_patterns("cache", "mlflow.db", "mlartifacts"))
+        # DVC's cache goes along (a few MB): without it every output of a copy is "not in cache", and `dvc repro` of
+        # any stage there would run every stage before it again, pretraining the tiny base in fetch included.
+        shutil.copytree(repo, self.path, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
         self.ready.touch()
 
     def wait(self) -> Path:

@@ -101,6 +101,15 @@ def repo(tmp_path_factory):
     return repo
 
 
+@pytest.fixture
+def own_repo(tmp_path):
+    """A copy of its own, for a test that trains: it runs from fetch on anyway, and in an xdist_group of its own
+    it can run on the other worker beside this module's other tests."""
+    repo = copy_repo(tmp_path / "repo")
+    set_params(repo, **SMALL)
+    return repo
+
+
 def use(repo, case: str, **changes) -> list[dict]:
     """The case's file written into data/local and named in params.yaml; its rows."""
     name, row, params, _ = FILES[case]
@@ -109,10 +118,20 @@ def use(repo, case: str, **changes) -> list[dict]:
     return rows
 
 
-@pytest.mark.parametrize("case", FILES)
+# Two files go on to train (below): fetch and split are checked on their way there, not in a run of their own.
+TRAINED = ("sharegpt tools", "alpaca history")
+
+
+@pytest.mark.parametrize("case", [case for case in FILES if case not in TRAINED])
 def test_each_format_is_fetched_and_split_as_its_authors_mean_it(repo, case):
     written = use(repo, case)
     run(["dvc", "repro", "split"], repo)
+    check_fetched_and_split(repo, case, written)
+
+
+def check_fetched_and_split(repo, case: str, written: list[dict]):
+    """data/raw and data/split after fetch and split of the case's rows (written): its format detected, every
+    fetched row in one split, each read as its authors mean it."""
     fetched = json.loads((repo / "metrics/data.json").read_text())
     assert fetched["format"] == FILES[case][3]
     split = read_rows(repo, "data/split/train.jsonl") + read_rows(repo, "data/split/test.jsonl")
@@ -161,7 +180,8 @@ def test_a_link_to_a_file_outside_the_repository_is_refused_by_validate(repo, tm
     assert "Running stage 'fetch'" not in output
 
 
-def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(repo):
+@pytest.mark.xdist_group("user-data-tools")
+def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(own_repo):
     """The glaive-style file trains for a few steps; TRL's own tokenization of its rows (what train ran) holds the
     function schema, the call and the tool's answer, and trains on the call."""
     from datasets import Dataset
@@ -170,8 +190,10 @@ def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(repo):
 
     from lora_pipeline.model.chat import training_rows
 
-    use(repo, "sharegpt tools")
+    repo = own_repo
+    written = use(repo, "sharegpt tools")
     run(["dvc", "repro", "train"], repo)
+    check_fetched_and_split(repo, "sharegpt tools", written)
     assert json.loads((repo / "metrics/train.json").read_text())["steps"] == 3
     rows = read_rows(repo, "data/split/train.jsonl")
     tokenizer = AutoTokenizer.from_pretrained(repo / "models/base")
@@ -190,8 +212,11 @@ def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(repo):
     assert f'"arguments": {{"city": "{city}"}}' in trained and "<tool_response>" not in trained
 
 
-def test_an_alpaca_file_trains_and_registers_gated_on_the_held_out_loss(repo):
-    use(repo, "alpaca history", **{"register.gate_metric": "eval.compliance.overall"})  # what this data cannot measure
+@pytest.mark.xdist_group("user-data-alpaca")
+def test_an_alpaca_file_trains_and_registers_gated_on_the_held_out_loss(own_repo):
+    repo = own_repo
+    # a gate this data cannot measure
+    written = use(repo, "alpaca history", **{"register.gate_metric": "eval.compliance.overall"})
     output = failed_repro(repo, "register")
     assert ("register.gate_metric: 'eval.compliance.overall' needs rows that ask for a reasoning language, and no row "
             "of data/local/alpaca_history.json does; gate on the held-out loss (eval.test.loss, or auto)") in output
@@ -199,6 +224,7 @@ def test_an_alpaca_file_trains_and_registers_gated_on_the_held_out_loss(repo):
 
     set_params(repo, **{"register.gate_metric": "auto"})  # as params.yaml ships it: no gate named
     output = run(["dvc", "repro"], repo)
+    check_fetched_and_split(repo, "alpaca history", written)
     assert ("data: local data/local/alpaca_history.json, not the built-in set: the model will be registered as "
             "'lora-pipeline' (register.model_name), gated on eval.test.loss (lower is better)") in output
     evaluated = json.loads((repo / "metrics/eval.json").read_text())

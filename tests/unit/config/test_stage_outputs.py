@@ -34,7 +34,16 @@ def test_register_depends_on_exactly_the_metrics_files_it_logs():
 
 
 def test_the_sft_fields_train_sets_are_sftconfig_fields():
+    """Whatever the checkpoint interval and device, train sets the fields train.sft is refused, and each is a field
+    of trl.SFTConfig's dataclass as installed and of the list validate reads."""
+    import dataclasses
+
+    from trl import SFTConfig
+
     from lora_pipeline.validation.checks import library_fields
 
-    assert STAGE_OWNED_SFT_FIELDS == set(train_sft_args(ROOT / "models/adapter", 10, True))
+    sftconfig_fields = {field.name for field in dataclasses.fields(SFTConfig)}
+    for checkpoint_steps, on_gpu in ((0, False), (10, False), (0, True), (10, True)):
+        assert set(train_sft_args(ROOT / "models/adapter", checkpoint_steps, on_gpu)) == STAGE_OWNED_SFT_FIELDS
+    assert STAGE_OWNED_SFT_FIELDS <= sftconfig_fields, STAGE_OWNED_SFT_FIELDS - sftconfig_fields
     assert STAGE_OWNED_SFT_FIELDS <= set(library_fields()["trl.SFTConfig"])
