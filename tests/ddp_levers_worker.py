@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers, conftest
+sys.path.insert(0, str(Path(__file__).resolve().parent / "unit" / "train"))  # test_training
 from lora_pipeline.train.training import StopOnSignal, compile_decoder_layers  # noqa: E402
 from test_training import _tiny_trainer  # noqa: E402
 
