@@ -15,6 +15,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# torch.compile in the tests (and in the stages they start) compiles in its own process, not in Inductor's pool of
+# compile workers: torch 2.13's pool waits forever for a worker that died (pytorch/pytorch#189290), which hung a test
+# run. With two test workers on two cores, a pool gains nothing; the generated code is the same.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 MGSM = ROOT.parent / "shared" / "data" / "mgsm"
