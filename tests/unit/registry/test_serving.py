@@ -158,16 +158,21 @@ def server(registered):
             if process.poll() is not None:
                 pytest.fail(f"mlflow models serve exited {process.returncode}:\n{log_path.read_text()[-6000:]}")
             try:
-                with urllib.request.urlopen(f"{url}/ping") as response:
+                # a timeout per try, not on the wait: a server that accepts but never answers is asked again
+                with urllib.request.urlopen(f"{url}/ping", timeout=10) as response:
                     if response.status == 200:
                         break
-            except (urllib.error.URLError, ConnectionError):
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
                 time.sleep(0.5)
         yield url
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
-        process.wait()
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # a server that ignores SIGTERM must not hold the test run
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
