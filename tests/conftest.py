@@ -1,15 +1,19 @@
 """Shared fixtures: offline environment, the repository root, MGSM's location, a tiny model on disk."""
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -21,6 +25,44 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A test (its fixtures included) still running after this long has its innermost frames and its processes printed to
+# the terminal, past pytest's capture, and again each time as long again; it goes on running. A log cut short by a
+# hang then names the test in its last lines.
+STALL_REPORT_EVERY_S = 900
+_terminal = {}
+
+
+def pytest_configure(config):
+    _terminal["fd"] = os.dup(2)  # pytest's capture is off here: fd 2 is the terminal (or CI's log)
+
+
+def stall_report(nodeid: str, thread_id: int, minutes: float) -> str:
+    frame = sys._current_frames().get(thread_id)
+    frames = [f"  {Path(f.filename).name}:{f.lineno} {f.name}: {(f.line or '').strip()[:90]}"
+              for f in (traceback.extract_stack(frame) if frame else [])
+              if not re.search(r"^<|/(_pytest|pluggy|xdist|execnet)/", f.filename)][-8:]  # the test's own frames
+    processes = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            processes.append(f"  pid {child.pid} {child.status()}: {' '.join(child.cmdline())[:140]}")
+    return "\n".join([f"\n[stalled? {minutes:.0f} min] its processes ({len(processes)}):", *processes[-5:],
+                      "its innermost frames:", *frames, f"[stalled? {minutes:.0f} min] {nodeid}", ""])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    done, thread_id, started = threading.Event(), threading.get_ident(), time.monotonic()
+
+    def report_while_running():
+        while not done.wait(STALL_REPORT_EVERY_S):
+            report = stall_report(item.nodeid, thread_id, (time.monotonic() - started) / 60)
+            os.write(_terminal.get("fd", 2), report.encode(errors="replace"))
+
+    threading.Thread(target=report_while_running, daemon=True).start()
+    yield
+    done.set()
+
 MGSM = ROOT.parent / "shared" / "data" / "mgsm"
 # What a copy of the repository leaves out: local environments, stores and everything DVC produces.
 # Outputs, run state (checkpoints of an interrupted training, logs) and local tool folders stay behind.
@@ -170,10 +212,12 @@ class BuiltDefault:
 
     def claim(self) -> bool:
         try:
-            os.close(os.open(self.claimed, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            return True
+            claimed = os.open(self.claimed, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return False
+        os.write(claimed, str(os.getpid()).encode())
+        os.close(claimed)
+        return True
 
     @contextlib.contextmanager
     def publishing(self, claimed: bool):
@@ -196,6 +240,9 @@ class BuiltDefault:
         while not self.ready.exists():
             if self.failed.exists():
                 pytest.fail(f"the default pipeline failed to build: {self.failed.read_text()}")
+            builder = self.claimed.read_text()
+            if builder and not psutil.pid_exists(int(builder)) and not self.ready.exists():
+                pytest.fail(f"the test worker that built the default pipeline (pid {builder}) died before it was done")
             time.sleep(1)
         return self.path
 

@@ -77,6 +77,15 @@ def workers(proc):
             if re.fullmatch(r"\S+ (-u )?-m stages\.train", " ".join(p.cmdline()))]
 
 
+def running_workers(proc, what: str):
+    """The training workers, once there are any; fails if the run ends first."""
+    while not (found := workers(proc)):
+        if proc.poll() is not None:
+            pytest.fail(f"training ended before {what}:\n{proc.stdout.read()[-3000:]}")
+        time.sleep(0.1)
+    return found
+
+
 def killed_training(repo, at_step, accelerate_config="cpu") -> int:
     """Start training, SIGKILL DVC, the launcher and the workers (these stop at their next step when the launcher
     is gone) once a checkpoint at `at_step` exists; return the last complete checkpoint's step."""
@@ -114,9 +123,7 @@ def stopped_training(repo):
     """Start training, SIGTERM the worker once checkpoint 4 is complete; its output and return code."""
     proc = start_training(repo)
     wait_for_checkpoint_step(proc, repo, 4)
-    while not workers(proc):
-        time.sleep(0.1)
-    for worker in workers(proc):
+    for worker in running_workers(proc, "its SIGTERM"):
         worker.send_signal(signal.SIGTERM)
     output, _ = proc.communicate()
     return output, proc.returncode
@@ -166,9 +173,7 @@ def test_sigkill_of_the_training_process_ends_in_one_line(short_repo):
     forget_training(repo)
     proc = start_training(repo)
     wait_for_checkpoint_step(proc, repo, 4)
-    while not (training := workers(proc)):
-        time.sleep(0.1)
-    for worker in training:
+    for worker in running_workers(proc, "its SIGKILL"):
         worker.send_signal(signal.SIGKILL)
     output, _ = proc.communicate()
     assert proc.returncode != 0

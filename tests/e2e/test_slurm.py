@@ -2,6 +2,7 @@
 run by dvc: the adapter of one machine's two processes from two nodes, the evaluation of one process from two nodes,
 a refused partition, a cancelled job and a stopped `dvc repro`."""
 import json
+import os
 import re
 import shutil
 import signal
@@ -152,14 +153,6 @@ def test_validate_asks_slurm_whether_it_would_run_each_job(slurm_cluster, monkey
         validate_all(shipped(**TWO_NODES, **{"eval.nodes": 3}))
 
 
-def wait_for(condition, proc, what: str):
-    """Poll until condition() holds; fail if proc ends first."""
-    while not condition():
-        if proc.poll() is not None:
-            pytest.fail(f"the run ended before {what}:\n{proc.stdout.read()[-3000:]}")
-        time.sleep(0.5)
-
-
 def checkpoint_steps(repo: Path) -> list[int]:
     """The steps of the complete checkpoints (each one's manifest is written last)."""
     manifests = (repo / "checkpoints").glob(f"train-*/checkpoint-*/{MANIFEST}")
@@ -171,17 +164,39 @@ def start_train(repo: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def pause_training(repo: Path) -> list:
-    """SIGSTOP the training processes that Slurm started in `repo` (they are slurmstepd's, not DVC's, children), so
-    training cannot run on while a cancel is on its way. A Slurm cancel sends SIGCONT before SIGTERM."""
+def suspended_training(repo: Path, proc: subprocess.Popen, ranks: int = 2) -> list[psutil.Process]:
+    """The `ranks` training processes that Slurm started in `repo` (slurmstepd's children, not DVC's), suspended
+    (SIGSTOP) the moment they are found, so that they advance only in run_training_until's slices; fails if the run
+    ends first."""
+    where, since = os.path.realpath(repo), psutil.Process(proc.pid).create_time()
     while True:
-        found = [proc for proc in psutil.process_iter(["cmdline", "cwd"]) if proc.info["cwd"] == str(repo)
-                 and re.fullmatch(r"\S+ (-u )?-m stages\.train", " ".join(proc.info["cmdline"] or []))]
-        if found:
-            for proc in found:
-                proc.suspend()
+        found = [process for process in psutil.process_iter(["cmdline", "cwd", "create_time"])
+                 if process.info["cwd"] and os.path.realpath(process.info["cwd"]) == where
+                 and process.info["create_time"] >= since
+                 and re.fullmatch(r"\S+ (-u )?-m stages\.train", " ".join(process.info["cmdline"] or []))]
+        if len(found) == ranks:
+            for process in found:
+                process.suspend()
             return found
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before its {ranks} training processes were seen:\n{proc.stdout.read()[-3000:]}")
         time.sleep(0.1)
+
+
+def run_training_until(condition, training: list[psutil.Process], proc: subprocess.Popen, what: str) -> None:
+    """Let the suspended training run in slices of 0.2 s until condition() holds, and leave it suspended then:
+    however fast a machine trains, a cancel that follows lands within a slice of that moment, long before max_steps.
+    A Slurm cancel sends SIGCONT before SIGTERM."""
+    while not condition():
+        try:
+            for process in training:
+                process.resume()
+            time.sleep(0.2)
+            for process in training:
+                process.suspend()
+        except psutil.NoSuchProcess:
+            proc.wait()
+            pytest.fail(f"the training ended before {what}:\n{proc.stdout.read()[-3000:]}")
 
 
 def wait_until_queue_empty():
@@ -198,8 +213,8 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     repo, steps = slurm_repo, 30
     set_params(repo, **TWO_NODES, **{"train.sft.max_steps": steps, "train.checkpoint_steps": 2, "lora.r": 4})
     proc = start_train(repo)
-    wait_for(lambda: checkpoint_steps(repo), proc, "a checkpoint")
-    pause_training(repo)  # however fast this machine trains, the cancel lands before max_steps
+    training = suspended_training(repo, proc)
+    run_training_until(lambda: checkpoint_steps(repo), training, proc, "a checkpoint")
     job = next(line.split()[0] for line in queue() if line.split()[1] == "train")
     subprocess.run(["scancel", job], check=True, env=run_env())
     output = proc.communicate()[0]
@@ -209,8 +224,8 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     cancelled_at = checkpoint_steps(repo)[-1]
 
     proc = start_train(repo)
-    wait_for(lambda: checkpoint_steps(repo)[-1] > cancelled_at, proc, "a checkpoint past the first")
-    pause_training(repo)
+    training = suspended_training(repo, proc)
+    run_training_until(lambda: checkpoint_steps(repo)[-1] > cancelled_at, training, proc, "a checkpoint past the first")
     proc.send_signal(signal.SIGTERM)  # to DVC alone
     output = proc.communicate()[0]
     assert "resuming from checkpoints/train-" in output
