@@ -25,6 +25,7 @@ import traceback
 from types import SimpleNamespace
 
 import torch
+import transformers
 from transformers import ContinuousBatchingConfig, GenerationConfig
 
 from lora_pipeline.config.params import LANGUAGE_NAMES
@@ -53,6 +54,9 @@ def continuous_batching(model, tokenizer, prompts: list[str], max_new_tokens: in
     (model.destroy_cached_continuous_batching_manager() ends it). `stats`, if given, gets seconds, new_tokens,
     forwards (generation steps), attention (the implementation the forwards ran), batch_tokens and cuda_graphs
     (whether steps ran as graphs: none without a GPU)."""
+    if "auto_switch_to_flash" not in ContinuousBatchingConfig.__dataclass_fields__:
+        raise RuntimeError("continuous batching here is written for transformers 5.24 (benchmarks/gpu-wheels.txt): "
+                           f"{transformers.__version__}'s ContinuousBatchingConfig has no auto_switch_to_flash")
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     eos = model.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos or [])
