@@ -18,6 +18,7 @@ the forward passes it ran and the attention implementation that ran; a variant t
 and the next variant runs.
 """
 import argparse
+import functools
 import json
 import math
 import time
@@ -68,12 +69,18 @@ def continuous_batching(model, tokenizer, prompts: list[str], max_new_tokens: in
                                          auto_switch_to_flash=False)
     ran = set()
     hook = model.register_forward_pre_hook(lambda module, args: ran.add(module.config._attn_implementation))
+    # Continuous batching builds its logits processors without a device: the suppressed ids would stay on the CPU
+    # and be copied to the GPU at every step, which a CUDA graph cannot record. They are made on the model's device.
+    model._get_logits_processor = functools.partial(model._get_logits_processor, device=model.device)
+    if GPU:
+        torch.cuda.empty_cache()  # the cache's memory check counts what an earlier variant left reserved as used
     started = time.perf_counter()
     try:
         outputs = model.generate_batch(inputs=encoded, generation_config=config, continuous_batching_config=cb_config,
                                        persistent_manager=True, warmup=False)
     finally:
         hook.remove()
+        del model._get_logits_processor
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     seconds = time.perf_counter() - started
