@@ -53,8 +53,8 @@ def continuous_batching(model, tokenizer, prompts: list[str], max_new_tokens: in
     `paged|eager`. `cuda_graphs`: steps recorded as CUDA graphs when first met (no warm-up at the largest shapes);
     `keep`: the manager, its cache and graphs stay on the model for the next call
     (model.destroy_cached_continuous_batching_manager() ends it). `stats`, if given, gets seconds, new_tokens,
-    forwards (generation steps), attention (the implementation the forwards ran), batch_tokens and cuda_graphs
-    (whether steps ran as graphs: none without a GPU)."""
+    forwards (generation steps), attention (the implementation the forwards that ran in Python ran: none where all
+    steps were graph replays), batch_tokens and cuda_graphs (whether steps ran as graphs: none without a GPU)."""
     if "auto_switch_to_flash" not in ContinuousBatchingConfig.__dataclass_fields__:
         raise RuntimeError("continuous batching here is written for transformers 5.24 (benchmarks/gpu-wheels.txt): "
                            f"{transformers.__version__}'s ContinuousBatchingConfig has no auto_switch_to_flash")
@@ -192,16 +192,17 @@ def run_continuous_batching(model, tokenizer, args, questions: list[str], batch:
         set_experts_implementation(model, chosen["experts"])
     prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
                for c in conversations_of(questions, batch)]
-    graphs = step == "cudagraphs"
-    if not graphs:
-        continuous_batching(model, tokenizer, prompts[:2], 4)  # warm-up
+    graphs, attention = step == "cudagraphs", None
     try:
+        if not graphs:
+            continuous_batching(model, tokenizer, prompts[:2], 4)  # warm-up
         for call in range(1, 1 + (args.calls if graphs else 1)):
             reset_peak()
             stats = {}
             continuous_batching(model, tokenizer, prompts, args.new_tokens, stats, cuda_graphs=graphs,
                                 batch_tokens=batch_tokens, keep=graphs)
-            result = {"model": args.model, "attention": stats["attention"], "experts": experts_implementation(model),
+            attention = stats["attention"] or attention  # a call of graph replays only runs no forward in Python
+            result = {"model": args.model, "attention": attention, "experts": experts_implementation(model),
                       "batch": batch, "cache": "paged", "decode_step": step, "generation": "continuous_batching",
                       "batch_tokens": stats["batch_tokens"], "call": call, "new_tokens": stats["new_tokens"],
                       "forwards": stats["forwards"], "cuda_graphs": stats["cuda_graphs"],
