@@ -259,28 +259,37 @@ def dvc_config(repo: Path) -> None:
                                                 "[cache]\n    type = \"hardlink,symlink,copy\"\n")
 
 
+def stand_ins(recipe: str, work: Path, tiny: bool = False, rows: int | None = None) -> tuple[Path, Path]:
+    """The recipe's stand-in model and data under `work` (work/model, work/pipeline-<recipe>.jsonl), built once: kept
+    while work/model.json matches. Returns their paths."""
+    from lora_pipeline.model.tiny import tokenizer_corpus
+
+    if recipe not in STAND_INS:
+        raise SetupError(f"no stand-ins for '{recipe}'; recipes with stand-ins: {', '.join(STAND_INS)}")
+    spec = {"recipe": recipe, "tiny": tiny, "rows": rows or STAND_INS[recipe]["rows"]}
+    data_file = work / f"pipeline-{recipe}.jsonl"
+    model_dir = work / "model"
+    marker = work / "model.json"  # beside the folder: fetch copies the folder whole
+    if not (marker.is_file() and json.loads(marker.read_text()).get("spec") == spec and data_file.is_file()):
+        shutil.rmtree(model_dir, ignore_errors=True)
+        made = build_data(recipe, data_file, rows)
+        print(f"data: {len(made)} rows -> {data_file}", flush=True, file=sys.stderr)
+        built = build_model(recipe, model_dir, tokenizer_corpus(made), tiny)
+        marker.write_text(json.dumps({"spec": spec, **built}, indent=1))
+        print(f"model: {built} -> {model_dir}", flush=True, file=sys.stderr)
+    return model_dir, data_file
+
+
 def setup(recipe: str, work: Path, repo: Path = ROOT, mgsm: str = "", accelerate: str | None = None,
           tiny: bool = False, rows: int | None = None, sets: list[str] = ()) -> None:
     """The stand-ins under `work` (built once: kept while `work`/model.json matches) and the params in `repo`,
     a scratch copy, with this very copy's code."""
-    from lora_pipeline.model.tiny import tokenizer_corpus
-
     if recipe not in RECIPES:
         raise SetupError(f"unknown recipe '{recipe}'; this script runs: {', '.join(RECIPES)}")
     dvc_config(repo)
     model_dir = data_name = None
     if recipe != "default":
-        spec = {"recipe": recipe, "tiny": tiny, "rows": rows or STAND_INS[recipe]["rows"]}
-        data_file = work / f"pipeline-{recipe}.jsonl"
-        model_dir = work / "model"
-        marker = work / "model.json"  # beside the folder: fetch copies the folder whole
-        if not (marker.is_file() and json.loads(marker.read_text()).get("spec") == spec and data_file.is_file()):
-            shutil.rmtree(model_dir, ignore_errors=True)
-            made = build_data(recipe, data_file, rows)
-            print(f"data: {len(made)} rows -> {data_file}", flush=True)
-            built = build_model(recipe, model_dir, tokenizer_corpus(made), tiny)
-            marker.write_text(json.dumps({"spec": spec, **built}, indent=1))
-            print(f"model: {built} -> {model_dir}", flush=True)
+        model_dir, data_file = stand_ins(recipe, work, tiny, rows)
         data_name = f"data/local/pipeline-{recipe}.jsonl"
         (repo / "data" / "local").mkdir(parents=True, exist_ok=True)
         shutil.copy2(data_file, repo / data_name)
@@ -299,11 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("recipe", choices=RECIPES)
     build.add_argument("--mgsm", default="none", help="folder of mgsm_<lang>.tsv; none: no MGSM")
     build.add_argument("--accelerate", help="train.accelerate_config (recipes default to single_gpu)")
-    build.add_argument("--tiny", action="store_true", help="reduced sizes of the architecture (tests only)")
-    build.add_argument("--rows", type=int, help="data rows (default: the recipe's stand-in size)")
     build.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a params key after the recipe, e.g. eval.batch_size=320")
-    for command in (copy, build):
+    model = sub.add_parser("stand-in", help="only the recipe's stand-in model and data under WORK; print the model's "
+                           "folder")
+    model.add_argument("recipe", choices=list(STAND_INS))
+    for command in (build, model):
+        command.add_argument("--tiny", action="store_true", help="reduced sizes of the architecture (tests only)")
+        command.add_argument("--rows", type=int, help="data rows (default: the recipe's stand-in size)")
+    for command in (copy, build, model):
         command.add_argument("--work", type=Path, required=True, help="where the copy (WORK/repo), model and data go")
     args = parser.parse_args(argv)
     work = args.work.resolve()
@@ -311,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "copy":
             copy_repo(ROOT, work / "repo", args.tree, exclude=work)
             print(work / "repo")
+        elif args.command == "stand-in":
+            print(stand_ins(args.recipe, work, args.tiny, args.rows)[0])
         else:
             setup(args.recipe, work, ROOT, args.mgsm, args.accelerate, args.tiny, args.rows, args.set)
     except (SetupError, ParamsError, FileNotFoundError) as exc:
