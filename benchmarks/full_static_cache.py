@@ -1,0 +1,173 @@
+"""gpt-oss decoding into a static cache whose sliding-window layers are full-length static layers (the window applied
+by the mask alone), so that a compiled decode step does not specialise on a length, against the shipped eager generate.
+
+    python benchmarks/full_static_cache.py <model folder> --batch 301 --new-tokens 512 \
+        --steps eager eager-pad128 static inductor --check-steps 4 --out static.jsonl
+    python benchmarks/full_static_cache.py --tiny --batch 8 --new-tokens 24   (CPU: a tiny gpt-oss, window 16)
+Steps: eager (the shipped path), static (the full-length static cache, not compiled), cudagraphs and inductor (it,
+compiled by generate; run --calls times, the first compiles); <step>-pad<N> pads the prompts to a multiple of N
+instead of 64 (other shapes, the same arithmetic: the rounding noise floor). Prompts as benchmarks/generation_speed.py
+builds them; greedy, every row runs --new-tokens. Each step first prints a logit check against the first step: per
+generated step, among the rows whose tokens so far equal the first step's, the largest and mean |logit difference|
+over the mean |logit| and the share of equal top-1 tokens; then its timing.
+"""
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from transformers import CompileConfig, StaticCache
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
+from lora_pipeline.config.params import LANGUAGE_NAMES  # noqa: E402
+from lora_pipeline.data import builtin as builtin_data  # noqa: E402
+from lora_pipeline.evaluate.generation import use_for_generation  # noqa: E402
+from lora_pipeline.model.chat import prompt_messages  # noqa: E402
+from lora_pipeline.model.loading import load_model, load_tokenizer  # noqa: E402
+
+
+def full_static_cache(model, max_len):
+    config = copy.deepcopy(model.config)
+    config.layer_types = ["full_attention"] * config.num_hidden_layers
+    config.sliding_window = None
+    return StaticCache(config=config, max_cache_len=max_len)
+
+
+def run(model, inputs, new_tokens, pad_id, how, **extra):
+    how = how.split("-pad")[0]
+    options = {}
+    if how != "eager":
+        options["cache"] = full_static_cache(model, inputs["input_ids"].shape[1] + new_tokens)
+        if how == "static":
+            options["disable_compile"] = True
+        else:
+            cfg = CompileConfig(backend=how, mode="reduce-overhead" if how == "inductor" else None, fullgraph=True,
+                                dynamic=False)
+            cfg._compile_all_devices = model.device.type != "cuda"
+            options["compile_config"] = cfg
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    out = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                         pad_token_id=pad_id, **options, **extra)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    if "cache" in options:  # the cache passed was the one decoded into
+        assert options["cache"].get_seq_length() > 0 and type(options["cache"].layers[0]).__name__ == "StaticLayer"
+    if extra:
+        return out, seconds
+    return out[:, inputs["input_ids"].shape[1]:], seconds
+
+
+def logit_check(model, inputs, pad_id, how, reference, steps):
+    """Per generated step: among rows whose tokens so far equal the reference's (same inputs), the largest
+    |logit - reference logit| over the mean |reference logit|, and how many such rows there are."""
+    out, _ = run(model, inputs, steps, pad_id, how, output_logits=True, return_dict_in_generate=True)
+    width = inputs["input_ids"].shape[1]
+    tokens = out.sequences[:, width:]
+    result = []
+    if reference is None:
+        return (tokens, out.logits), result
+    ref_tokens, ref_logits = reference
+    for t in range(steps):
+        same = (tokens[:, :t] == ref_tokens[:, :t]).all(dim=1)
+        if not same.any():
+            break
+        a, b = out.logits[t][same].float(), ref_logits[t][same].float()
+        scale = b.abs().mean()
+        result.append({"step": t, "rows": int(same.sum()), "max_rel": round(float((a - b).abs().max() / scale), 4),
+                       "mean_rel": round(float((a - b).abs().mean() / scale), 5),
+                       "top1_equal": round(float((a.argmax(-1) == b.argmax(-1)).float().mean()), 4)})
+    return (tokens, out.logits), result
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model", nargs="?")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--batch", type=int, default=301)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--steps", nargs="+", default=["eager", "static"])
+    parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--check-steps", type=int, default=6)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if args.tiny:
+        import tempfile
+        from helpers import build_tiny_gpt_oss, word_tokenizer
+        folder = Path(tempfile.mkdtemp())
+        build_tiny_gpt_oss(folder, vocab_size=512, sliding_window=16)
+        params = SimpleNamespace(dtype="float32", attn_implementation="eager", experts_implementation="grouped_mm",
+                                 trust_remote_code=False)
+        model = load_model(folder, params).eval()
+        torch.manual_seed(1)
+        for layer in model.model.layers:
+            layer.self_attn.sinks.data.normal_(0, 2)
+        tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
+        prompts = [" ".join(f"t{(7 * i + 3 * j) % 170 + 30}" for j in range(n))
+                   for i, n in enumerate([5, 17, 9, 30, 3, 24, 11, 40])]
+    else:
+        params = SimpleNamespace(dtype="bfloat16", attn_implementation="flex_attention",
+                                 experts_implementation="grouped_mm", trust_remote_code=False)
+        tokenizer = load_tokenizer(args.model)
+        model = load_model(args.model, params, device_map={"": "cuda"}).eval()
+        rows = builtin_data.generate(400, seed=1)
+        questions = [next(m["content"] for m in r["messages"] if m["role"] == "user") for r in rows]
+        languages = list(LANGUAGE_NAMES)
+        prompts = [tokenizer.apply_chat_template(prompt_messages(q, LANGUAGE_NAMES[languages[i % len(languages)]]),
+                                                 tokenize=False, add_generation_prompt=True)
+                   for i, q in enumerate(questions[: args.batch])]
+    chosen = use_for_generation(model)
+    tokenizer.padding_side = "left"
+    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    def padded(how):
+        multiple = int(how.split("-pad")[1]) if "-pad" in how else 64
+        return tokenizer.pad({"input_ids": encoded}, pad_to_multiple_of=multiple, return_tensors="pt").to(model.device)
+    reference = None
+    logit_reference = None
+    with torch.no_grad():
+        for how in args.steps:
+            try:
+                inputs = padded(how)
+                got, check = logit_check(model, inputs, tokenizer.pad_token_id, how, logit_reference, args.check_steps)
+                logit_reference = logit_reference or got
+                print(json.dumps({"step": how, "logit_check": check}), flush=True)
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps({"step": how, "logit_check": check}) + "\n")
+            except Exception as exc:
+                print(json.dumps({"step": how, "logit_check_error": f"{type(exc).__name__}: {exc}"[:1500]}), flush=True)
+            for call in range(1, 1 + (args.calls if how.split("-pad")[0] not in ("eager", "static") else 1)):
+                if model.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                try:
+                    new, seconds = run(model, inputs, args.new_tokens, tokenizer.pad_token_id, how)
+                except Exception as exc:  # a lever that fails is reported, the next one runs
+                    print(json.dumps({"step": how, "call": call, "error": f"{type(exc).__name__}: {exc}"[:1500]}),
+                          flush=True)
+                    break
+                if reference is None:
+                    reference = new
+                same_rows = int((new == reference).all(dim=1).sum())
+                same_tokens = float((new == reference).float().mean())
+                row = {"step": how, "call": call, "batch": len(prompts), "prompt_width": inputs["input_ids"].shape[1],
+                       "new_tokens": int(new.numel()), "seconds": round(seconds, 2),
+                       "ms_per_step": round(1000 * seconds / new.shape[1], 1),
+                       "new_tokens_per_s": round(new.numel() / seconds, 1),
+                       "rows_equal_to_first": same_rows, "tokens_equal_to_first": round(same_tokens, 4),
+                       "attention": chosen["attention"], "experts": chosen["experts"],
+                       "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if model.device.type == "cuda"
+                       else None, "device": torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"}
+                print(json.dumps(row), flush=True)
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
