@@ -1,0 +1,37 @@
+"""The report a test still running after STALL_REPORT_EVERY_S prints: its processes, its own innermost frames, and
+its node id on the last line, where a log cut short by a hang ends."""
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import stall_report
+
+pytestmark = pytest.mark.unit
+
+
+def waits_on_a_child(started: threading.Event, done: threading.Event):
+    child = subprocess.Popen(["sleep", "30"])
+    started.set()
+    done.wait()
+    child.kill()
+    child.wait()
+
+
+def test_the_report_names_the_test_last_with_its_frames_and_processes():
+    started, done = threading.Event(), threading.Event()
+    waiting = threading.Thread(target=waits_on_a_child, args=(started, done))
+    waiting.start()
+    try:
+        started.wait()
+        time.sleep(0.2)  # the thread is inside done.wait() by now
+        lines = stall_report("tests/e2e/test_x.py::test_y", waiting.ident, 15).splitlines()
+    finally:
+        done.set()
+        waiting.join()
+    assert lines[-1] == "[stalled? 15 min] tests/e2e/test_x.py::test_y"
+    frames = lines[lines.index("its innermost frames:") + 1:-1]
+    assert any("waits_on_a_child: done.wait()" in frame for frame in frames), frames
+    assert not any("/_pytest/" in frame or "pluggy" in frame for frame in frames)
+    assert any(line.endswith(": sleep 30") for line in lines), lines
