@@ -23,11 +23,10 @@ import torch
 from transformers import CompileConfig, StaticCache
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
-from lora_pipeline.config.params import LANGUAGE_NAMES  # noqa: E402
 from lora_pipeline.data import builtin as builtin_data  # noqa: E402
 from lora_pipeline.evaluate.generation import use_for_generation  # noqa: E402
-from lora_pipeline.model.chat import prompt_messages  # noqa: E402
 from lora_pipeline.model.loading import load_model, load_tokenizer  # noqa: E402
+from generation_speed import conversations_of, emit  # noqa: E402  (this folder's: the same prompts, lines)
 
 
 def full_static_cache(model, max_len):
@@ -118,10 +117,8 @@ def main():
         model = load_model(args.model, params, device_map={"": "cuda"}).eval()
         rows = builtin_data.generate(400, seed=1)
         questions = [next(m["content"] for m in r["messages"] if m["role"] == "user") for r in rows]
-        languages = list(LANGUAGE_NAMES)
-        prompts = [tokenizer.apply_chat_template(prompt_messages(q, LANGUAGE_NAMES[languages[i % len(languages)]]),
-                                                 tokenize=False, add_generation_prompt=True)
-                   for i, q in enumerate(questions[: args.batch])]
+        prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+                   for c in conversations_of(questions, args.batch)]
     chosen = use_for_generation(model)
     tokenizer.padding_side = "left"
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -136,10 +133,7 @@ def main():
                 inputs = padded(how)
                 got, check = logit_check(model, inputs, tokenizer.pad_token_id, how, logit_reference, args.check_steps)
                 logit_reference = logit_reference or got
-                print(json.dumps({"step": how, "logit_check": check}), flush=True)
-                if args.out:
-                    with open(args.out, "a") as f:
-                        f.write(json.dumps({"step": how, "logit_check": check}) + "\n")
+                emit({"step": how, "logit_check": check}, args.out)
             except Exception as exc:
                 print(json.dumps({"step": how, "logit_check_error": f"{type(exc).__name__}: {exc}"[:1500]}), flush=True)
             for call in range(1, 1 + (args.calls if how.split("-pad")[0] not in ("eager", "static") else 1)):
@@ -163,10 +157,7 @@ def main():
                        "attention": chosen["attention"], "experts": chosen["experts"],
                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if model.device.type == "cuda"
                        else None, "device": torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"}
-                print(json.dumps(row), flush=True)
-                if args.out:
-                    with open(args.out, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                emit(row, args.out)
 
 
 if __name__ == "__main__":
