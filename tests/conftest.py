@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -42,12 +43,46 @@ def stall_report(nodeid: str, thread_id: int, minutes: float) -> str:
     frames = [f"  {Path(f.filename).name}:{f.lineno} {f.name}: {(f.line or '').strip()[:90]}"
               for f in (traceback.extract_stack(frame) if frame else [])
               if not re.search(r"^<|/(_pytest|pluggy|xdist|execnet)/", f.filename)][-8:]  # the test's own frames
-    processes = []
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            processes.append(f"  pid {child.pid} {child.status()}: {' '.join(child.cmdline())[:140]}")
+    children = psutil.Process().children(recursive=True)
+    processes = [described(child) for child in children]
+    holders = [described(process) for process in pipe_holders(exclude={child.pid for child in children})]
     return "\n".join([f"\n[stalled? {minutes:.0f} min] its processes ({len(processes)}):", *processes[-5:],
+                      f"other processes holding a pipe it reads ({len(holders)}):", *holders[-5:],
                       "its innermost frames:", *frames, f"[stalled? {minutes:.0f} min] {nodeid}", ""])
+
+
+def described(process: psutil.Process) -> str:
+    try:
+        status = process.status()
+        return f"  pid {process.pid} {status}: {' '.join(process.cmdline())[:140]}"
+    except psutil.Error:  # a zombie has no command line left
+        return f"  pid {process.pid} {locals().get('status', 'gone')}"
+
+
+def pipes(pid: int, reading: bool = False) -> set[str]:
+    """The pipes a process holds ("pipe:[inode]"); with reading, only those it reads past its standard streams."""
+    folder = f"/proc/{pid}"
+    found = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"{folder}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"{folder}/fd/{fd}")
+                if link.startswith("pipe:") and (not reading or int(fd) > 2 and _read_only(f"{folder}/fdinfo/{fd}")):
+                    found.add(link)
+    return found
+
+
+def _read_only(fdinfo: str) -> bool:
+    flags = next(line for line in Path(fdinfo).read_text().splitlines() if line.startswith("flags:"))
+    return int(flags.split()[1], 8) & 3 == os.O_RDONLY
+
+
+def pipe_holders(exclude: set[int]) -> list[psutil.Process]:
+    """The processes, other than those excluded and this one's ancestors, that hold a pipe this process reads: what a
+    read of a command's output waits for once the command has exited (a process it left behind)."""
+    reading = pipes(os.getpid(), reading=True)
+    exclude = exclude | {os.getpid()} | {parent.pid for parent in psutil.Process().parents()}
+    return [process for process in psutil.process_iter() if process.pid not in exclude and pipes(process.pid) & reading]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -153,12 +188,33 @@ def run_env(**extra) -> dict:
 
 def run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: float | None = None) -> str:
     """Run a command in run_env(); fail the test with its output if it fails. No time limit by default: a slow,
-    loaded machine must not fail a test that would pass."""
-    proc = subprocess.run(cmd, cwd=cwd, env=run_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
-    output = proc.stdout + proc.stderr
+    loaded machine must not fail a test that would pass. The output goes through files, not pipes (see start)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.run(cmd, cwd=cwd, env=run_env(**(env or {})), stdout=out, stderr=err, timeout=timeout)
+        output = written(out) + written(err)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{output[-6000:]}")
     return output
+
+
+def written(file) -> str:
+    """What a command has written to its output file so far (read without moving the offset it writes at)."""
+    text = os.pread(file.fileno(), os.fstat(file.fileno()).st_size, 0).decode(errors="replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as text=True reads a pipe
+
+
+def start(cmd: list[str], cwd: Path, **popen) -> subprocess.Popen:
+    """Start a command in run_env(), its stdout and stderr together in a file: output_of(proc) reads it, and
+    proc.wait() returns when the command exits. A pipe would keep a reader waiting until every process holding it had
+    exited, the ones the command leaves behind too (srun forks a shepherd that holds srun's output)."""
+    output = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=run_env(), stdout=output, stderr=subprocess.STDOUT, **popen)
+    proc.output_file = output
+    return proc
+
+
+def output_of(proc: subprocess.Popen) -> str:
+    return written(proc.output_file)
 
 
 @contextlib.contextmanager

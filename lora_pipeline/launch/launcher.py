@@ -226,7 +226,7 @@ def run_srun(command: list[str], name: str) -> int:
     if os.getppid() != parent:  # the parent had already gone
         cancel(signal.SIGTERM, None)
     returncode = proc.wait()
-    relaying.join()
+    relaying.join(timeout=10)  # srun has ended; its shepherd (a fork that holds the same stderr) may outlive it
     if received:
         return 128 + received[0]
     if returncode and refused:

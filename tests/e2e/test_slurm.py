@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, run, run_env, set_params
+from conftest import ROOT, output_of, run, run_env, set_params, start
 from lora_pipeline.launch.checkpoints import MANIFEST
 from lora_pipeline.launch.launcher import hostnames, main_port
 
@@ -130,13 +130,14 @@ def test_an_unknown_partition_is_refused_before_any_stage_runs(slurm_repo):
     repo = slurm_repo
     before = {path: (repo / path).read_bytes() for path in ADAPTER + ["metrics/eval.json"]}
     set_params(repo, **TWO_NODES, **{"launch.slurm.partition": "nosuch"})
-    proc = subprocess.run(["dvc", "repro"], cwd=repo, env=run_env(), capture_output=True, text=True)
+    proc = start(["dvc", "repro"], repo)
+    proc.wait()
+    output = output_of(proc)
     run(["git", "checkout", "params.yaml"], repo)
     assert proc.returncode != 0
-    refusal = next((line for line in (proc.stdout + proc.stderr).splitlines() if "launch.slurm.partition" in line), "")
-    assert "Slurm refuses train's job (" in refusal and "invalid partition specified: nosuch" in refusal, \
-        proc.stdout + proc.stderr
-    assert "Running stage 'train'" not in proc.stdout + proc.stderr
+    refusal = next((line for line in output.splitlines() if "launch.slurm.partition" in line), "")
+    assert "Slurm refuses train's job (" in refusal and "invalid partition specified: nosuch" in refusal, output
+    assert "Running stage 'train'" not in output
     assert {path: (repo / path).read_bytes() for path in before} == before
 
 
@@ -160,8 +161,7 @@ def checkpoint_steps(repo: Path) -> list[int]:
 
 
 def start_train(repo: Path) -> subprocess.Popen:
-    return subprocess.Popen(["dvc", "repro", "--no-run-cache", "train"], cwd=repo, env=run_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return start(["dvc", "repro", "--no-run-cache", "train"], repo)
 
 
 def suspended_training(repo: Path, proc: subprocess.Popen, ranks: int = 2) -> list[psutil.Process]:
@@ -179,7 +179,7 @@ def suspended_training(repo: Path, proc: subprocess.Popen, ranks: int = 2) -> li
                 process.suspend()
             return found
         if proc.poll() is not None:
-            pytest.fail(f"the run ended before its {ranks} training processes were seen:\n{proc.stdout.read()[-3000:]}")
+            pytest.fail(f"the run ended before its {ranks} training processes were seen:\n{output_of(proc)[-3000:]}")
         time.sleep(0.1)
 
 
@@ -196,7 +196,7 @@ def run_training_until(condition, training: list[psutil.Process], proc: subproce
                 process.suspend()
         except psutil.NoSuchProcess:
             proc.wait()
-            pytest.fail(f"the training ended before {what}:\n{proc.stdout.read()[-3000:]}")
+            pytest.fail(f"the training ended before {what}:\n{output_of(proc)[-3000:]}")
 
 
 def wait_until_queue_empty():
@@ -217,7 +217,8 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     run_training_until(lambda: checkpoint_steps(repo), training, proc, "a checkpoint")
     job = next(line.split()[0] for line in queue() if line.split()[1] == "train")
     subprocess.run(["scancel", job], check=True, env=run_env())
-    output = proc.communicate()[0]
+    proc.wait()
+    output = output_of(proc)
     assert proc.returncode != 0, output[-3000:]
     assert wait_until_queue_empty() == []
     assert finished_jobs(slurm_cluster)[-1]["JobState"] == "CANCELLED"
@@ -227,7 +228,8 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     training = suspended_training(repo, proc)
     run_training_until(lambda: checkpoint_steps(repo)[-1] > cancelled_at, training, proc, "a checkpoint past the first")
     proc.send_signal(signal.SIGTERM)  # to DVC alone
-    output = proc.communicate()[0]
+    proc.wait()
+    output = output_of(proc)
     assert "resuming from checkpoints/train-" in output
     assert wait_until_queue_empty() == [], "the Slurm job outlived the dvc run that started it"
     assert finished_jobs(slurm_cluster)[-1]["JobState"] == "CANCELLED"  # by the launch, before training ended

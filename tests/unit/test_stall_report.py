@@ -4,9 +4,10 @@ import subprocess
 import threading
 import time
 
+import psutil
 import pytest
 
-from conftest import stall_report
+from conftest import described, pipe_holders, stall_report
 
 pytestmark = pytest.mark.unit
 
@@ -35,3 +36,28 @@ def test_the_report_names_the_test_last_with_its_frames_and_processes():
     assert any("waits_on_a_child: done.wait()" in frame for frame in frames), frames
     assert not any("/_pytest/" in frame or "pluggy" in frame for frame in frames)
     assert any(line.endswith(": sleep 30") for line in lines), lines
+
+
+def test_the_report_names_a_process_left_behind_that_holds_the_output_being_read():
+    """A command that has exited but left a process holding its output: a read of that output waits on the process,
+    which is no longer a child. The report names it, and shows the exited command as a zombie."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 30 & exit 0"], stdout=subprocess.PIPE)
+    left = []
+    try:
+        for _ in range(600):  # until sh has exited and its background sleep has started
+            left = pipe_holders(exclude=set())
+            if psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE and len(left) == 1 and \
+                    described(left[0]) == f"  pid {left[0].pid} sleeping: sleep 30":
+                break
+            time.sleep(0.05)
+        report = stall_report("tests/e2e/test_x.py::test_y", threading.get_ident(), 15)
+    finally:
+        for process in left:
+            process.kill()
+        proc.stdout.close()
+        proc.wait()
+    assert len(left) == 1, left
+    lines = report.splitlines()
+    assert f"  pid {proc.pid} zombie" in lines, report
+    held = lines[lines.index("other processes holding a pipe it reads (1):") + 1]
+    assert held == f"  pid {left[0].pid} sleeping: sleep 30", report
