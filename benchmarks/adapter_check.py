@@ -12,7 +12,6 @@ token) routing decisions that merging changed.
 Prints one JSON line.
 """
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from safetensors.torch import load_file
 from cli.recipes import apply_sets, compose
 from lora_pipeline.config.params import for_stage, validate
 from lora_pipeline.model.loading import device, load_model
+from bench_rows import emit
 
 
 def main():
@@ -76,10 +76,7 @@ def main():
     if moe:  # a rounding-sized change can flip a near-tie between experts, and with it the token's whole path
         row["expert_choices_changed"] = (chosen(adapted) != chosen(merged)).any(-1).float().mean().item()
         row["rerun_expert_choices_changed"] = (chosen(adapted) != chosen(again)).any(-1).float().mean().item()
-    print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    emit(row, args.out)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from lora_pipeline.data import builtin as builtin_data  # noqa: E402
 from lora_pipeline.evaluate.generation import use_for_generation  # noqa: E402
 from lora_pipeline.model.loading import load_model, load_tokenizer  # noqa: E402
-from generation_speed import conversations_of, emit  # noqa: E402  (this folder's: the same prompts, lines)
+from bench_rows import emit  # noqa: E402  (this folder's)
+from generation_speed import conversations_of  # noqa: E402  (the same prompts)
 
 
 def full_static_cache(model, max_len):

@@ -19,10 +19,11 @@ and the next variant runs.
 """
 import argparse
 import functools
-import json
 import math
+import sys
 import time
 import traceback
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -34,6 +35,9 @@ from lora_pipeline.data import builtin as builtin_data
 from lora_pipeline.evaluate.generation import generate, use_for_generation
 from lora_pipeline.model.chat import prompt_messages
 from lora_pipeline.model.loading import experts_implementation, load_model, load_tokenizer, set_experts_implementation
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder's bench_rows, however this file is loaded
+from bench_rows import emit  # noqa: E402
 
 GPU = torch.cuda.is_available()  # on a CPU (a check of the code with a tiny model): no peak memory
 CB_PAGE_SIZE = 64  # tokens a page of the paged cache: a row of a few hundred tokens leaves little of a page unused
@@ -164,14 +168,6 @@ def peak_gib() -> float | None:
 
 def device_name() -> str:
     return torch.cuda.get_device_name() if GPU else "cpu"
-
-
-def emit(result: dict, out: str | None) -> None:
-    """A result as one JSON line, printed and appended to `out`."""
-    print(json.dumps(result), flush=True)
-    if out:
-        with open(out, "a") as f:
-            f.write(json.dumps(result) + "\n")
 
 
 def conversations_of(questions: list[str], batch: int) -> list[list[dict]]:

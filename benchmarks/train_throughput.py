@@ -37,6 +37,7 @@ from cli.recipes import apply_sets, compose
 from lora_pipeline.config.params import for_stage, validate
 from lora_pipeline.model.mxfp4_experts import forced_path, paths_run
 from lora_pipeline.train.training import build_trainer, save_adapter
+from bench_rows import emit
 
 # The seed baseline's standard workloads (same generator, same seeds).
 WORKLOADS = {
@@ -279,10 +280,7 @@ def main():
                 seed = same_arch[-1]
                 row |= {"seed_tokens_per_s": seed["tokens_per_s"], "seed_peak_gib": seed["peak_gib"],
                         "ratio": round(tokens_per_s / seed["tokens_per_s"], 2)}
-        print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        emit(row, args.out)
     if args.save_adapter:  # after the figures are out: gathering a sharded adapter is not part of the timed steps
         start = time.perf_counter()
         save_adapter(trainer, Path(args.save_adapter))
