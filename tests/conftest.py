@@ -52,11 +52,12 @@ def stall_report(nodeid: str, thread_id: int, minutes: float) -> str:
 
 
 def described(process: psutil.Process) -> str:
+    status = "gone"
     try:
         status = process.status()
         return f"  pid {process.pid} {status}: {' '.join(process.cmdline())[:140]}"
     except psutil.Error:  # a zombie has no command line left
-        return f"  pid {process.pid} {locals().get('status', 'gone')}"
+        return f"  pid {process.pid} {status}"
 
 
 def pipes(pid: int, reading: bool = False) -> set[str]:
@@ -215,6 +216,12 @@ def start(cmd: list[str], cwd: Path, **popen) -> subprocess.Popen:
 
 def output_of(proc: subprocess.Popen) -> str:
     return written(proc.output_file)
+
+
+def finished(proc: subprocess.Popen) -> str:
+    """Wait for a command start() started to exit; its whole output."""
+    proc.wait()
+    return output_of(proc)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, output_of, run, run_env, set_params, start
+from conftest import ROOT, finished, output_of, run, run_env, set_params, start
 from lora_pipeline.launch.checkpoints import MANIFEST
 from lora_pipeline.launch.launcher import hostnames, main_port
 
@@ -131,8 +131,7 @@ def test_an_unknown_partition_is_refused_before_any_stage_runs(slurm_repo):
     before = {path: (repo / path).read_bytes() for path in ADAPTER + ["metrics/eval.json"]}
     set_params(repo, **TWO_NODES, **{"launch.slurm.partition": "nosuch"})
     proc = start(["dvc", "repro"], repo)
-    proc.wait()
-    output = output_of(proc)
+    output = finished(proc)
     run(["git", "checkout", "params.yaml"], repo)
     assert proc.returncode != 0
     refusal = next((line for line in output.splitlines() if "launch.slurm.partition" in line), "")
@@ -217,8 +216,7 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     run_training_until(lambda: checkpoint_steps(repo), training, proc, "a checkpoint")
     job = next(line.split()[0] for line in queue() if line.split()[1] == "train")
     subprocess.run(["scancel", job], check=True, env=run_env())
-    proc.wait()
-    output = output_of(proc)
+    output = finished(proc)
     assert proc.returncode != 0, output[-3000:]
     assert wait_until_queue_empty() == []
     assert finished_jobs(slurm_cluster)[-1]["JobState"] == "CANCELLED"
@@ -228,8 +226,7 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     training = suspended_training(repo, proc)
     run_training_until(lambda: checkpoint_steps(repo)[-1] > cancelled_at, training, proc, "a checkpoint past the first")
     proc.send_signal(signal.SIGTERM)  # to DVC alone
-    proc.wait()
-    output = output_of(proc)
+    output = finished(proc)
     assert "resuming from checkpoints/train-" in output
     assert wait_until_queue_empty() == [], "the Slurm job outlived the dvc run that started it"
     assert finished_jobs(slurm_cluster)[-1]["JobState"] == "CANCELLED"  # by the launch, before training ended
