@@ -46,9 +46,22 @@ def stall_report(nodeid: str, thread_id: int, minutes: float) -> str:
     children = psutil.Process().children(recursive=True)
     processes = [described(child) for child in children]
     holders = [described(process) for process in pipe_holders(exclude={child.pid for child in children})]
+    detached = [described(process) for process in detached_processes()]
     return "\n".join([f"\n[stalled? {minutes:.0f} min] its processes ({len(processes)}):", *processes[-5:],
                       f"other processes holding a pipe it reads ({len(holders)}):", *holders[-5:],
+                      f"other processes of this environment ({len(detached)}):", *detached[-8:], *slurm_state(),
                       "its innermost frames:", *frames, f"[stalled? {minutes:.0f} min] {nodeid}", ""])
+
+
+def slurm_state() -> list[str]:
+    """The test Slurm's jobs (with why a pending one waits) and nodes, while one runs for the tests."""
+    if "SLURM_CONF" not in os.environ:
+        return []
+    lines = []
+    for cmd in (["squeue", "-h", "-o", "  job %i %j %T %r %N"], ["sinfo", "-h", "-N", "-o", "  node %N %t %E"]):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            lines += subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.splitlines()
+    return ["Slurm:", *lines[-8:]]
 
 
 def described(process: psutil.Process) -> str:
@@ -84,6 +97,19 @@ def pipe_holders(exclude: set[int]) -> list[psutil.Process]:
     reading = pipes(os.getpid(), reading=True)
     exclude = exclude | {os.getpid()} | {parent.pid for parent in psutil.Process().parents()}
     return [process for process in psutil.process_iter() if process.pid not in exclude and pipes(process.pid) & reading]
+
+
+def detached_processes() -> list[psutil.Process]:
+    """Processes that run this environment's tools outside this pytest run's process tree: those a command left in
+    the background, such as DVC's queue workers and what they started (srun's command names this environment too)."""
+    ancestors = psutil.Process().parents()
+    root = ([process for process in ancestors if "pytest" in " ".join(process.cmdline())] or [psutil.Process()])[-1]
+    ours = {root.pid} | {process.pid for process in [*root.children(recursive=True), *ancestors]}
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if process.pid not in ours and sys.prefix in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
 
 
 @pytest.hookimpl(hookwrapper=True)

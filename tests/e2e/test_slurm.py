@@ -265,7 +265,11 @@ def test_two_queued_experiments_run_as_two_slurm_jobs_at_once_and_both_register(
     watching.start()
     run(["dvc", "queue", "start", "-j", "2"], repo)
     try:
+        stuck = []
         while re.search(r"\b(Queued|Running)\b", status := run(["dvc", "queue", "status"], repo)):
+            stuck = stuck[-1:] + [why_the_sweep_cannot_end(repo)]
+            if all(stuck) and len(stuck) == 2:  # twice in a row: a worker between tasks is not taken for a lost one
+                pytest.fail(f"{stuck[-1]}\n{status}\n{sweep_diagnostics(repo, names)}")
             time.sleep(2)
     finally:
         done.set()
@@ -278,3 +282,32 @@ def test_two_queued_experiments_run_as_two_slurm_jobs_at_once_and_both_register(
         assert {f"{name}:{stage}" for stage in ("train", "merge", "evaluate")} <= set(jobs), jobs
     assert len(client.search_model_versions("name='lora-pipeline'")) == versions_before + 2
     assert queue() == []
+
+
+def queue_workers(repo: Path) -> list[psutil.Process]:
+    """The DVC queue's worker processes for repo (`dvc exp queue-worker ...`, run in the repository's folder)."""
+    return [process for process in psutil.process_iter(["cmdline", "cwd"])
+            if "queue-worker" in (process.info["cmdline"] or []) and process.info["cwd"] == str(repo.resolve())]
+
+
+def why_the_sweep_cannot_end(repo: Path) -> str:
+    """Why queued experiments cannot finish, read from the state of DVC's queue and of Slurm: '' while they can."""
+    if not queue_workers(repo):
+        return "the DVC queue has no worker left, and experiments are still queued or running"
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t %E"], capture_output=True, text=True, env=run_env())
+    unusable = [line for line in nodes.stdout.splitlines() if re.search(r" (drain|drng|down|fail)\S* ", line + " ")]
+    return f"Slurm cannot run the sweep's jobs on these nodes: {unusable}" if unusable else ""
+
+
+def sweep_diagnostics(repo: Path, names) -> str:
+    """What to read when a sweep cannot end: Slurm's jobs and nodes, the queue's worker logs, each experiment's log."""
+    shown = []
+    for cmd in (["squeue", "-o", "%i %j %T %r %N"], ["sinfo", "-N", "-o", "%N %t %E"]):
+        listed = subprocess.run(cmd, capture_output=True, text=True, env=run_env())
+        shown.append(f"$ {' '.join(cmd)}\n{listed.stdout}{listed.stderr}")
+    for log in sorted((repo / ".dvc" / "tmp" / "exps" / "celery").glob("*.out")):
+        shown.append(f"$ tail {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+    for name in names:
+        logs = subprocess.run(["dvc", "queue", "logs", name], cwd=repo, capture_output=True, text=True, env=run_env())
+        shown.append(f"$ dvc queue logs {name}\n{(logs.stdout + logs.stderr)[-1500:]}")
+    return "\n".join(shown)

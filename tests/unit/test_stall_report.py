@@ -1,13 +1,14 @@
 """The report a test still running after STALL_REPORT_EVERY_S prints: its processes, its own innermost frames, and
 its node id on the last line, where a log cut short by a hang ends."""
 import subprocess
+import sys
 import threading
 import time
 
 import psutil
 import pytest
 
-from conftest import described, pipe_holders, stall_report
+from conftest import described, detached_processes, pipe_holders, stall_report
 
 pytestmark = pytest.mark.unit
 
@@ -61,3 +62,26 @@ def test_the_report_names_a_process_left_behind_that_holds_the_output_being_read
     assert f"  pid {proc.pid} zombie" in lines, report
     held = lines[lines.index("other processes holding a pipe it reads (1):") + 1]
     assert held == f"  pid {left[0].pid} sleeping: sleep 30", report
+
+
+def test_the_report_names_a_process_of_this_environment_left_in_the_background():
+    """A command that starts a process in its own session and exits (as `dvc queue start` leaves its workers): the
+    process is nobody's child here, and the report still names it."""
+    script = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], " \
+             "start_new_session=True)"
+    subprocess.run([sys.executable, "-c", script], check=True)
+    left = []
+    try:
+        for _ in range(600):  # until the background process has started
+            left = [process for process in detached_processes() if "time.sleep(30)" in " ".join(process.cmdline())]
+            if left:
+                break
+            time.sleep(0.05)
+        report = stall_report("tests/e2e/test_x.py::test_y", threading.get_ident(), 15)
+    finally:
+        for process in left:
+            process.kill()
+    assert len(left) == 1, left
+    lines = report.splitlines()
+    detached = lines[[i for i, line in enumerate(lines) if line.startswith("other processes of this environment")][0]:]
+    assert any(line.startswith(f"  pid {left[0].pid} ") and "time.sleep(30)" in line for line in detached), lines
