@@ -270,7 +270,7 @@ def test_two_queued_experiments_run_as_two_slurm_jobs_at_once_and_both_register(
             stuck = stuck[-1:] + [why_the_sweep_cannot_end(repo)]
             if all(stuck) and len(stuck) == 2:  # twice in a row: a worker between tasks is not taken for a lost one
                 pytest.fail(f"{stuck[-1]}\n{status}\n{sweep_diagnostics(repo, names)}")
-            time.sleep(2)
+            time.sleep(5)  # each `dvc queue status` costs a second or more of a core the experiments need
     finally:
         done.set()
         watching.join()
