@@ -1,6 +1,7 @@
 """The accelerator stages through a real two-node Slurm (tests/slurm: nodes n1 and n2 on this machine, one CPU each),
 run by dvc: the adapter of one machine's two processes from two nodes, the evaluation of one process from two nodes,
 a refused partition, a cancelled job and a stopped `dvc repro`."""
+import contextlib
 import json
 import os
 import re
@@ -34,6 +35,31 @@ def slurm_repo(slurm_cluster, default_pipeline, tmp_path_factory) -> Path:
     set_params(repo, **SMALL)
     run(["git", "commit", "-qam", "small"], repo)
     return repo
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(slurm_cluster, slurm_repo):
+    """Each test starts on an empty cluster and, whatever its outcome, leaves nothing running: processes it suspended
+    are resumed, its dvc runs stopped (their launches cancel their jobs) and any job left cancelled. One job left
+    running (two suspended training processes hold both nodes) would keep every later job pending, and the tests
+    after it waiting with it."""
+    assert wait_until_queue_empty() == [], "jobs an earlier test left behind hold the nodes"
+    yield
+    ours = [process for process in psutil.process_iter(["status", "cwd", "cmdline"])
+            if os.path.realpath(process.info["cwd"] or "/") == os.path.realpath(slurm_repo)]
+    for process in ours:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if process.info["status"] == psutil.STATUS_STOPPED:
+                process.resume()
+    runs = [process for process in ours if "bin/dvc" in " ".join(process.info["cmdline"] or [])]
+    for process in runs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    for process in psutil.wait_procs(runs, timeout=60)[1]:  # not ended on SIGTERM: Slurm's cancel below still holds
+        process.kill()
+    if left := [line.split()[0] for line in queue()]:
+        subprocess.run(["scancel", *left], env=run_env())
+    assert wait_until_queue_empty() == [], "jobs the test left behind could not be cancelled"
 
 
 def finished_jobs(cluster: Path) -> list[dict]:
