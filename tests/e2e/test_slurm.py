@@ -225,7 +225,7 @@ def run_training_until(condition, training: list[psutil.Process], proc: subproce
 
 
 def wait_until_queue_empty():
-    deadline = time.monotonic() + 120  # Slurm's KillWait (30 s) bounds it; a loaded machine is slow
+    deadline = time.monotonic() + 300  # KillWait (30 s) then SIGKILL bounds it; ten times that for a loaded machine
     while queue() and time.monotonic() < deadline:
         time.sleep(1)
     return queue()
