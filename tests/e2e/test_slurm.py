@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, finished, output_of, run, run_env, set_params, start
+from conftest import ROOT, finished, output_of, run, run_env, set_params, slurm_state, start
 from lora_pipeline.launch.checkpoints import MANIFEST
 from lora_pipeline.launch.launcher import hostnames, main_port
 
@@ -45,8 +45,7 @@ def no_job_outlives_its_test(slurm_cluster, slurm_repo):
     after it waiting with it."""
     assert wait_until_queue_empty() == [], "jobs an earlier test left behind hold the nodes"
     yield
-    ours = [process for process in psutil.process_iter(["status", "cwd", "cmdline"])
-            if os.path.realpath(process.info["cwd"] or "/") == os.path.realpath(slurm_repo)]
+    ours = processes_in(slurm_repo)
     for process in ours:
         with contextlib.suppress(psutil.NoSuchProcess):
             if process.info["status"] == psutil.STATUS_STOPPED:
@@ -60,6 +59,13 @@ def no_job_outlives_its_test(slurm_cluster, slurm_repo):
     if left := [line.split()[0] for line in queue()]:
         subprocess.run(["scancel", *left], env=run_env())
     assert wait_until_queue_empty() == [], "jobs the test left behind could not be cancelled"
+
+
+def processes_in(repo: Path) -> list[psutil.Process]:
+    """The processes whose working folder is repo, with their command line, status and start time read."""
+    where = os.path.realpath(repo)
+    return [process for process in psutil.process_iter(["cmdline", "cwd", "status", "create_time"])
+            if os.path.realpath(process.info["cwd"] or "/") == where]
 
 
 def finished_jobs(cluster: Path) -> list[dict]:
@@ -193,11 +199,9 @@ def suspended_training(repo: Path, proc: subprocess.Popen, ranks: int = 2) -> li
     """The `ranks` training processes that Slurm started in `repo` (slurmstepd's children, not DVC's), suspended
     (SIGSTOP) the moment they are found, so that they advance only in run_training_until's slices; fails if the run
     ends first."""
-    where, since = os.path.realpath(repo), psutil.Process(proc.pid).create_time()
+    since = psutil.Process(proc.pid).create_time()
     while True:
-        found = [process for process in psutil.process_iter(["cmdline", "cwd", "create_time"])
-                 if process.info["cwd"] and os.path.realpath(process.info["cwd"]) == where
-                 and process.info["create_time"] >= since
+        found = [process for process in processes_in(repo) if process.info["create_time"] >= since
                  and re.fullmatch(r"\S+ (-u )?-m stages\.train", " ".join(process.info["cmdline"] or []))]
         if len(found) == ranks:
             for process in found:
@@ -312,8 +316,7 @@ def test_two_queued_experiments_run_as_two_slurm_jobs_at_once_and_both_register(
 
 def queue_workers(repo: Path) -> list[psutil.Process]:
     """The DVC queue's worker processes for repo (`dvc exp queue-worker ...`, run in the repository's folder)."""
-    return [process for process in psutil.process_iter(["cmdline", "cwd"])
-            if "queue-worker" in (process.info["cmdline"] or []) and process.info["cwd"] == str(repo.resolve())]
+    return [process for process in processes_in(repo) if "queue-worker" in (process.info["cmdline"] or [])]
 
 
 def why_the_sweep_cannot_end(repo: Path) -> str:
@@ -327,10 +330,7 @@ def why_the_sweep_cannot_end(repo: Path) -> str:
 
 def sweep_diagnostics(repo: Path, names) -> str:
     """What to read when a sweep cannot end: Slurm's jobs and nodes, the queue's worker logs, each experiment's log."""
-    shown = []
-    for cmd in (["squeue", "-o", "%i %j %T %r %N"], ["sinfo", "-N", "-o", "%N %t %E"]):
-        listed = subprocess.run(cmd, capture_output=True, text=True, env=run_env())
-        shown.append(f"$ {' '.join(cmd)}\n{listed.stdout}{listed.stderr}")
+    shown = slurm_state()
     for log in sorted((repo / ".dvc" / "tmp" / "exps" / "celery").glob("*.out")):
         shown.append(f"$ tail {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
     for name in names:

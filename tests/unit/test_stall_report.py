@@ -21,6 +21,16 @@ def waits_on_a_child(started: threading.Event, done: threading.Event):
     child.wait()
 
 
+def polled(find, enough) -> list:
+    """find() every 0.05 s until enough(what it found), 600 times at most; what it found last."""
+    for _ in range(600):
+        found = find()
+        if enough(found):
+            break
+        time.sleep(0.05)
+    return found
+
+
 def test_the_report_names_the_test_last_with_its_frames_and_processes():
     started, done = threading.Event(), threading.Event()
     waiting = threading.Thread(target=waits_on_a_child, args=(started, done))
@@ -45,12 +55,9 @@ def test_the_report_names_a_process_left_behind_that_holds_the_output_being_read
     proc = subprocess.Popen(["sh", "-c", "sleep 30 & exit 0"], stdout=subprocess.PIPE)
     left = []
     try:
-        for _ in range(600):  # until sh has exited and its background sleep has started
-            left = pipe_holders(exclude=set())
-            if psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE and len(left) == 1 and \
-                    described(left[0]) == f"  pid {left[0].pid} sleeping: sleep 30":
-                break
-            time.sleep(0.05)
+        left = polled(lambda: pipe_holders(exclude=set()),  # until sh has exited and its background sleep started
+                      lambda found: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE and len(found) == 1
+                      and described(found[0]) == f"  pid {found[0].pid} sleeping: sleep 30")
         report = stall_report("tests/e2e/test_x.py::test_y", threading.get_ident(), 15)
     finally:
         for process in left:
@@ -72,11 +79,8 @@ def test_the_report_names_a_process_of_this_environment_left_in_the_background()
     subprocess.run([sys.executable, "-c", script], check=True)
     left = []
     try:
-        for _ in range(600):  # until the background process has started
-            left = [process for process in detached_processes() if "time.sleep(30)" in " ".join(process.cmdline())]
-            if left:
-                break
-            time.sleep(0.05)
+        left = polled(lambda: [process for process in detached_processes()  # until the background process started
+                               if "time.sleep(30)" in " ".join(process.cmdline())], bool)
         report = stall_report("tests/e2e/test_x.py::test_y", threading.get_ident(), 15)
     finally:
         for process in left:
