@@ -210,6 +210,9 @@ def run_env(**extra) -> dict:
     """The environment for a command under test: this Python's tools first on PATH, no outside MLflow/DVC state."""
     env = {k: v for k, v in git_env().items() if k not in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME")}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    # DVC runs a stage's command with $SHELL -c, /bin/sh where SHELL is unset. Debian's /bin/sh (dash) does not exec
+    # the command: the shell stays between DVC and it, as on any machine whose SHELL is unset.
+    env["SHELL"] = "/bin/sh"
     return {**env, **extra}
 
 

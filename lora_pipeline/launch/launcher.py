@@ -6,12 +6,11 @@ launch` or python (launch.launcher local), or as a Slurm job through srun, one a
 With slurm, from a login node srun asks for train.nodes / eval.nodes nodes and blocks until the job ends; inside an
 allocation (salloc, sbatch: SLURM_JOB_ID set) it runs a step of that allocation. On each node srun starts this module
 again with --on-node, which reads the machine rank, the main node and a port from Slurm's variables and starts that
-node's accelerate launcher. SIGINT, SIGTERM, SIGHUP, or the end of the DVC process that ran it, cancels the job
-(scancel: the processes get SIGTERM, so train saves a checkpoint) and waits for it to end.
+node's accelerate launcher. SIGINT, SIGTERM, SIGHUP, or the end of the DVC process that ran it (or of the shell
+between), cancels the job (scancel: the processes get SIGTERM, so train saves a checkpoint) and waits for it to end.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from lora_pipeline.config.params import load_params
 from lora_pipeline.launch import stage_launch
+from lora_pipeline.launch.ancestors import any_gone, dvc_ancestors
 from lora_pipeline.launch.checkpoints import kept_checkpoint, stop_line
 from lora_pipeline.launch.machine import accelerate_config, on_slurm, processes_here
 
@@ -171,15 +171,6 @@ def check_launch(params, root: Path = Path(".")) -> None:
         raise ValueError("\n".join(problems))
 
 
-def die_with_parent() -> None:
-    """SIGTERM to this process when the one that started it (DVC) ends: DVC leaves its stage's command running when
-    it is itself terminated."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def our_jobs(name: str, environ=os.environ) -> list[str]:
     """The Slurm job (or, inside an allocation, the step) this launch started: found by its name among this user's."""
     if environ.get("SLURM_JOB_ID"):
@@ -194,7 +185,7 @@ def run_srun(command: list[str], name: str) -> int:
     """Run srun in its own session (a terminal's Ctrl-C reaches this process alone: srun would only print its status)
     and relay its output; on a signal, cancel the job through Slurm and wait for srun to end. Raises LaunchError with
     Slurm's reason when it refuses the job."""
-    parent = os.getppid()
+    dvc = dvc_ancestors()
     proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE, text=True, bufsize=1)
     refused = []
 
@@ -222,10 +213,13 @@ def run_srun(command: list[str], name: str) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, cancel)
-    die_with_parent()
-    if os.getppid() != parent:  # the parent had already gone
-        cancel(signal.SIGTERM, None)
-    returncode = proc.wait()
+    while True:
+        try:
+            returncode = proc.wait(timeout=1)
+            break
+        except subprocess.TimeoutExpired:
+            if not received and any_gone(dvc):
+                cancel(signal.SIGTERM, None)
     relaying.join(timeout=10)  # srun has ended; its shepherd (a fork that holds the same stderr) may outlive it
     if received:
         return 128 + received[0]

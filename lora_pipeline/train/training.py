@@ -13,6 +13,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import SFTConfig, SFTTrainer
 
+from lora_pipeline.launch.ancestors import any_gone, dvc_ancestors
 from lora_pipeline.launch.checkpoints import write_manifest
 from lora_pipeline.model.loading import (BITSANDBYTES, MXFP4_EXPERTS, apply_liger, load_model, load_tokenizer,
                                          lora_config, training_device_map)
@@ -292,32 +293,6 @@ def save_adapter(trainer: SFTTrainer, folder: Path) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
-def dvc_ancestors() -> list:
-    """The processes from this one's parent up to the DVC process that runs the stage, or [] when DVC did not
-    start it (a launch by hand, under nohup say, must not stop when its shell goes)."""
-    import psutil
-
-    chain = []
-    for process in psutil.Process().parents():
-        chain.append(process)
-        try:
-            if any(Path(arg).name == "dvc" for arg in process.cmdline()[:2]):
-                return chain
-        except psutil.Error:
-            return []
-    return []
-
-
-def _alive(process) -> bool:
-    """Running, and not a zombie (an exited process its parent has not reaped yet)."""
-    import psutil
-
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 class StopOnSignal(TrainerCallback):
     """SIGTERM or SIGINT, or the launcher or DVC gone: finish the current optimizer step, save a checkpoint, and
     stop, so a re-run resumes with no step lost. Every process stops at the same step (the flag is reduced across
@@ -351,7 +326,7 @@ class StopOnSignal(TrainerCallback):
         return bool(flag)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.received is None and (os.getppid() != self.launcher or not all(map(_alive, self.ancestors))):
+        if self.received is None and (os.getppid() != self.launcher or any_gone(self.ancestors)):
             self.received = signal.SIGTERM
         if self._any_process(self.received is not None):
             self.received = self.received or signal.SIGTERM
