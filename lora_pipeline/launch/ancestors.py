@@ -15,11 +15,19 @@ def dvc_ancestors() -> list[psutil.Process]:
     for process in psutil.Process().parents():
         chain.append(process)
         try:
-            if any(Path(arg).name == "dvc" for arg in process.cmdline()[:2]):
+            if is_dvc(process.cmdline()):
                 return chain
         except psutil.Error:
             return []
     return []
+
+
+def is_dvc(cmdline: list[str]) -> bool:
+    """DVC's own process, however started: `dvc ...` (its script, or a binary), `python -m dvc ...`, or
+    `python .../dvc/__main__.py ...` (how DVC starts its queue workers)."""
+    head = cmdline[:3]
+    return (any(Path(arg).name == "dvc" for arg in head[:2]) or head[1:3] == ["-m", "dvc"]
+            or (len(head) > 1 and Path(head[1]).parts[-2:] == ("dvc", "__main__.py")))
 
 
 def alive(process: psutil.Process) -> bool:
