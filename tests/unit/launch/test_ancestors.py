@@ -1,12 +1,14 @@
 """A stage's command sees every process up to the DVC process that runs it, the shell between included, and
 notices when DVC is gone while that shell lives on."""
+import contextlib
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
-from lora_pipeline.launch.ancestors import is_dvc
+from lora_pipeline.launch.ancestors import alive, is_dvc
 from tests.conftest import ROOT, run_env, written
 
 # Started by DVC's stand-in through /bin/sh, as DVC starts a stage's command (`; true` keeps any shell from exec-ing
@@ -39,17 +41,27 @@ def test_a_command_under_a_shell_notices_that_dvc_is_gone(tmp_path, started_as):
     stage = tmp_path / "stage.py"
     stage.write_text(STAGE)
     env = run_env(PYTHONPATH=str(ROOT))
+    descendants = []
     with open(tmp_path / "out", "w+b") as out:
         proc = subprocess.Popen([*dvc, f"{sys.executable} {stage}; true"], stdout=out, cwd=tmp_path, env=env)
-        while not written(out):
-            time.sleep(0.1)
-        chain = written(out).splitlines()[0].split(" | ")
-        assert chain[-1].split()[0] == str(proc.pid), chain
-        assert chain[0].split()[1] == "/bin/sh" and len(chain) == 2, chain  # the shell, which outlives DVC
-        proc.kill()
-        proc.wait()
-        while "dvc gone" not in written(out):
-            time.sleep(0.1)
+        try:
+            while not written(out) and proc.poll() is None:
+                time.sleep(0.1)
+            assert written(out), f"DVC's stand-in exited {proc.returncode} before the stage printed its chain"
+            descendants = psutil.Process(proc.pid).children(recursive=True)  # the shell and the stage
+            chain = written(out).splitlines()[0].split(" | ")
+            assert chain[-1].split()[0] == str(proc.pid), chain
+            assert chain[0].split()[1] == "/bin/sh" and len(chain) == 2, chain  # the shell, which outlives DVC
+            proc.kill()
+            proc.wait()
+            while "dvc gone" not in written(out) and any(map(alive, descendants)):  # the shell ends after the stage
+                time.sleep(0.1)
+            assert "dvc gone" in written(out), written(out)
+        finally:  # nothing outlives a failed check
+            proc.kill()
+            for process in descendants:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
 
 
 def test_only_dvc_is_taken_for_dvc():
