@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, finished, output_of, run, run_env, set_params, slurm_state, start
+from lora_pipeline.launch.ancestors import is_dvc
 from lora_pipeline.launch.checkpoints import MANIFEST
 from lora_pipeline.launch.launcher import hostnames, main_port
 
@@ -50,7 +51,7 @@ def no_job_outlives_its_test(slurm_cluster, slurm_repo):
         with contextlib.suppress(psutil.NoSuchProcess):
             if process.info["status"] == psutil.STATUS_STOPPED:
                 process.resume()
-    runs = [process for process in ours if "bin/dvc" in " ".join(process.info["cmdline"] or [])]
+    runs = [process for process in ours if is_dvc(process.info["cmdline"] or [])]  # queue workers too
     for process in runs:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.terminate()
