@@ -13,6 +13,7 @@ the pipeline run's MLflow run (resumed after a kill) and sends it each logged st
 import csv
 import io
 import json
+import math
 import os
 import sys
 import time
@@ -90,8 +91,9 @@ def main():
 
     history = [h for h in trainer.state.log_history if "loss" in h]
     write_json(METRICS, {
-        # the mean of the logged losses: the same whether or not the run was resumed (the log is restored with it)
-        "train_loss": sum(h["loss"] for h in history) / len(history) if history else None,
+        # the mean of the logged losses: the same whether or not the run was resumed (the log is restored with it).
+        # fsum: exactly rounded, so the same bytes on every Python (3.12's sum() adds floats in another way)
+        "train_loss": math.fsum(h["loss"] for h in history) / len(history) if history else None,
         "final_loss": history[-1]["loss"] if history else None,
         "steps": trainer.state.global_step,
         "world_size": trainer.args.world_size,

@@ -380,9 +380,10 @@ SHORT_RUN_OUTPUTS = ["data/raw", "data/split", "models/base", "models/adapter", 
 # holds a core the other needs (spinning threads slow two trainings on two cores down several times over). Waiting
 # does not change what is computed.
 SIDE_BY_SIDE = {"OMP_WAIT_POLICY": "PASSIVE"}
-# What a CPU without AVX2 would make each library choose: the second clone runs under it, and the pipeline's own
-# pins (lora_pipeline.config.cpu_numerics) must still give the first clone's bits.
-OTHER_INSTRUCTION_SET = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+# What a one-core CPU without AVX2 would make each library choose: the second clone runs under it, and the pipeline's
+# own pins (lora_pipeline.config.cpu_numerics) must still give the first clone's bits.
+OTHER_INSTRUCTION_SET = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                         "OMP_NUM_THREADS": "1"}
 
 
 @dataclass

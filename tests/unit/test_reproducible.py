@@ -3,11 +3,12 @@ settings, and the committed results are what this machine computes."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 from conftest import OTHER_INSTRUCTION_SET, ROOT, SHORT_RUN_OUTPUTS, run, run_env
+
+from lora_pipeline.config.cpu_numerics import PINNED
 
 # Float work whose rounding depends on the kernels each library picks: matmul (MKL), silu, softmax, log1p (ATen).
 PROBE = """
@@ -48,24 +49,37 @@ def test_the_instruction_set_setting_changes_the_bits_unless_pinned():
     assert probe("pinned", LORA_PIPELINE_NATIVE_CPU="1", **OTHER_INSTRUCTION_SET) == other
 
 
-# The CPU vendor of the machine that computed the committed dvc.lock. With the same pins Intel's and AMD's CPUs compute
-# other bits: MKL's vector math (exp, log, sqrt) and sdpa take vendor-specific code (docs/reproducibility.md).
-COMMITTED_ON = "AuthenticAMD"
+# A matrix product of a shape that a q/k/v projection of the default's training meets: MKL's code under the pin rounds
+# it by how many threads split it.
+THREAD_PROBE = """
+import hashlib, sys
+if sys.argv[1] == "pinned":
+    import stages  # what every stage imports first
+import torch
+g = torch.Generator().manual_seed(0)
+x, w, b = torch.randn(3056, 128, generator=g), torch.randn(128, 128, generator=g), torch.randn(128, generator=g)
+print(torch.get_num_threads(), hashlib.md5(torch.nn.functional.linear(x, w, b).numpy().tobytes()).hexdigest())
+"""
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor as the kernel reports it (GenuineIntel, AuthenticAMD), or '' where it does not."""
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), "")
+def test_the_thread_count_changes_the_bits_so_a_cpu_process_runs_a_fixed_one():
+    env = {**{k: v for k, v in run_env().items() if k != "LORA_PIPELINE_NATIVE_CPU"}, "PYTHONPATH": str(ROOT),
+           "CUDA_VISIBLE_DEVICES": "", "MKL_CBWR": PINNED["MKL_CBWR"], "MKL_DYNAMIC": "FALSE"}
+
+    def thread_probe(mode, threads):
+        return subprocess.run([sys.executable, "-c", THREAD_PROBE, mode], capture_output=True, text=True, check=True,
+                              env={**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+                              ).stdout.split()
+
+    native = {threads: thread_probe("native", threads) for threads in (2, 3, 8)}
+    assert len({md5 for _, md5 in native.values()}) > 1  # the count matters
+    assert thread_probe("pinned", 8) == thread_probe("pinned", 1) == native[2]
 
 
 def test_the_committed_results_are_what_a_fresh_clone_computes(repo):
     """The default pipeline, run from scratch here, gives the md5s the repository commits (evaluate and register
-    read MGSM in the test copy, so they are left out). Other tests run experiments in that copy later: its
-    dvc.lock is read as the fixture committed it."""
-    if cpu_vendor() != COMMITTED_ON:
-        pytest.skip(f"dvc.lock holds what {COMMITTED_ON} CPUs compute; this CPU is {cpu_vendor() or 'unknown'}")
+    read MGSM in the test copy, so they are left out), on any x86-64 CPU with AVX2, Intel's or AMD's. Other tests run
+    experiments in that copy later: its dvc.lock is read as the fixture committed it."""
     repo, _ = repo
     baseline = run(["git", "log", "--format=%H", "--grep=^baseline$"], repo).split()[-1]
 
