@@ -23,10 +23,10 @@ print(torch.backends.cpu.get_cpu_capability(), hashlib.md5(y.numpy().tobytes()).
 """
 
 
-def probe(mode: str, **env) -> str:
-    """'<capability PyTorch runs> <md5 of PROBE's result>' in a fresh process."""
+def probe(mode: str, script: str = PROBE, **env) -> str:
+    """What script (PROBE: '<capability PyTorch runs> <md5 of its result>') prints in a fresh process."""
     env = {**{k: v for k, v in run_env().items() if k != "LORA_PIPELINE_NATIVE_CPU"}, "PYTHONPATH": str(ROOT), **env}
-    return subprocess.run([sys.executable, "-c", PROBE, mode], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", script, mode], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
 
 
@@ -63,13 +63,9 @@ print(torch.get_num_threads(), hashlib.md5(torch.nn.functional.linear(x, w, b).n
 
 
 def test_the_thread_count_changes_the_bits_so_a_cpu_process_runs_a_fixed_one():
-    env = {**{k: v for k, v in run_env().items() if k != "LORA_PIPELINE_NATIVE_CPU"}, "PYTHONPATH": str(ROOT),
-           "CUDA_VISIBLE_DEVICES": "", "MKL_CBWR": PINNED["MKL_CBWR"], "MKL_DYNAMIC": "FALSE"}
-
     def thread_probe(mode, threads):
-        return subprocess.run([sys.executable, "-c", THREAD_PROBE, mode], capture_output=True, text=True, check=True,
-                              env={**env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-                              ).stdout.split()
+        return probe(mode, THREAD_PROBE, CUDA_VISIBLE_DEVICES="", MKL_CBWR=PINNED["MKL_CBWR"], MKL_DYNAMIC="FALSE",
+                     OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads)).split()
 
     native = {threads: thread_probe("native", threads) for threads in (2, 3, 8)}
     assert len({md5 for _, md5 in native.values()}) > 1  # the count matters

@@ -9,15 +9,16 @@ THREAD_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DYNAMIC")
 
 
 @pytest.fixture
-def gpu_machine(tmp_path, monkeypatch):
-    """A machine whose first GPU device node exists."""
-    (tmp_path / "nvidia0").touch()
+def cpu_machine(tmp_path, monkeypatch):
+    """A machine with no GPU device node; the node's path."""
     monkeypatch.setattr(cpu_numerics, "GPU_DEVICES", (tmp_path / "nvidia0",))
+    return tmp_path / "nvidia0"
 
 
 @pytest.fixture
-def cpu_machine(tmp_path, monkeypatch):
-    monkeypatch.setattr(cpu_numerics, "GPU_DEVICES", (tmp_path / "nvidia0",))
+def gpu_machine(cpu_machine):
+    """A machine whose first GPU device node exists."""
+    cpu_machine.touch()
 
 
 def test_a_process_on_the_cpu_runs_two_threads_whatever_was_asked(cpu_machine):
