@@ -8,8 +8,8 @@
 # stages already done (PIPELINE_FORCE=1 runs them again).
 #   bash benchmarks/pipeline.sh gpt-oss-20b [stage ...]   only those stages
 # Env: MGSM_DIR (default ../shared/data/mgsm; none: no MGSM), PIPELINE_ACCELERATE (default single_gpu),
-# PIPELINE_SET ("key=value ..." params overrides after the recipe), PIPELINE_COMMIT, PIPELINE_TREE=head (HEAD's
-# files instead of the working tree's), PIPELINE_CMD=1 (the stages' cmd even where DVC is installed),
+# PIPELINE_SET ("key=value ..." params overrides after the recipe), PIPELINE_NOTE (recorded in each row),
+# PIPELINE_COMMIT, PIPELINE_TREE=head (HEAD's files instead of the working tree's), PIPELINE_CMD=1 (the stages' cmd even where DVC is installed),
 # PIPELINE_TINY=1 and PIPELINE_ROWS=N (a reduced model and fewer rows: a check of the stand-ins on a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,4 +49,4 @@ echo "=== setup $RECIPE in $WORK ($(date +%T))"
   ${PIPELINE_ROWS:+--rows "$PIPELINE_ROWS"} "${SETS[@]}"
 # exec: a SIGTERM (timeout) reaches the recorder, which stops the stage and records it
 exec "$PY" benchmarks/pipeline_record.py "$RECIPE" "$@" --repo "$REPO" --out "$OUT" --commit "$COMMIT" \
-  ${PIPELINE_FORCE:+--force} ${PIPELINE_CMD:+--cmd}
+  ${PIPELINE_FORCE:+--force} ${PIPELINE_CMD:+--cmd} ${PIPELINE_NOTE:+--note "$PIPELINE_NOTE"}

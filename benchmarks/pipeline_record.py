@@ -145,7 +145,7 @@ class Runner:
 
 
 def run_pipeline(repo: Path, recipe: str, out: Path, commit: str, only: list[str] = (), force: bool = False,
-                 use_dvc: bool | None = None, echo: bool = True) -> list[dict]:
+                 use_dvc: bool | None = None, echo: bool = True, note: str = "") -> list[dict]:
     """Each stage (all of dvc.yaml's, or `only`) through `dvc repro -s` (else its cmd); a row per stage run appended
     to `out`. Stops at the first failing stage. Returns the rows, with those dvc skipped marked `skipped`."""
     names = stage_names(repo)
@@ -172,7 +172,7 @@ def run_pipeline(repo: Path, recipe: str, out: Path, commit: str, only: list[str
             seconds = round(time.perf_counter() - wall, 1)
             row = {"recipe": recipe, "stage": name, "seconds": seconds, "peak_gib": memory.stop(), "gpus": gpus,
                    "commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   "ran": how, "command": shown, "status": status}
+                   "ran": how, "command": shown, "status": status, **({"note": note} if note else {})}
             if status == 0 and use_dvc and SKIPPED.search(tail):
                 rows.append({**row, "skipped": True})
                 continue
@@ -215,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", default="unknown", help="the source's commit, recorded in each row")
     parser.add_argument("--force", action="store_true", help="dvc repro -f: run stages that are up to date too")
     parser.add_argument("--cmd", action="store_true", help="run each stage's cmd even where DVC is installed")
+    parser.add_argument("--note", default="", help="recorded in each row (what this run was: its overrides, why)")
     args = parser.parse_args(argv)
     rows = run_pipeline(args.repo.resolve(), args.recipe, args.out.resolve(), args.commit, args.stages, args.force,
-                        False if args.cmd else None)
+                        False if args.cmd else None, note=args.note)
     print(f"\n{args.recipe} ({rows[0]['gpus'] if rows else 0} GPU, {rows[0]['ran'] if rows else '-'}; "
           f"rows appended to {args.out}):\n{table(rows)}")
     failed = [r for r in rows if r["status"] != 0]

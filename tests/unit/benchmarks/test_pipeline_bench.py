@@ -181,8 +181,9 @@ def test_one_row_per_stage_until_the_first_failure(tmp_path, capsys):
 
 def test_only_the_stages_named(tmp_path):
     repo = fake_repo(tmp_path)
-    rows = record.run_pipeline(repo, "fake", tmp_path / "out.jsonl", "x", only=["c"], use_dvc=False, echo=False)
-    assert [(r["stage"], r["status"]) for r in rows] == [("c", 0)]
+    rows = record.run_pipeline(repo, "fake", tmp_path / "out.jsonl", "x", only=["c"], use_dvc=False, echo=False,
+                               note="lora.r=16 after the whole pipeline")
+    assert [(r["stage"], r["status"], r["note"]) for r in rows] == [("c", 0, "lora.r=16 after the whole pipeline")]
     with pytest.raises(SystemExit, match="no stage d in .*; stages: a, b, c"):
         record.run_pipeline(repo, "fake", tmp_path / "out.jsonl", "x", only=["d"], use_dvc=False)
 
