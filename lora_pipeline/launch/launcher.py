@@ -25,7 +25,7 @@ from lora_pipeline.config.params import load_params
 from lora_pipeline.launch import stage_launch
 from lora_pipeline.launch.ancestors import any_gone, dvc_ancestors
 from lora_pipeline.launch.checkpoints import kept_checkpoint, stop_line
-from lora_pipeline.launch.machine import accelerate_config, on_slurm, processes_here
+from lora_pipeline.launch.machine import accelerate_config, on_slurm, processes_here, starts_one_process
 
 # stage -> (the module it runs with its arguments, the params section naming its accelerate config and node count;
 # None: one process, on one node)
@@ -36,6 +36,9 @@ STAGES = {
     "evaluate": (["stages.evaluate"], "eval"),
 }
 CONFIGS = Path("configs/accelerate")
+# Stages that run in the launcher's interpreter when their config starts one process on this machine (stage_launch
+# .run_here). train keeps accelerate's launcher: a SIGTERM to it saves a checkpoint that the launcher reports.
+IN_LAUNCHER = {"evaluate_base", "evaluate"}
 
 
 class LaunchError(RuntimeError):
@@ -256,7 +259,11 @@ def main(argv: list[str] | None = None) -> None:
             print("\n" + stop_line(stage, returncode - 128, kept_checkpoint(started)), file=sys.stderr, flush=True)
         sys.exit(returncode)
     if command[:2] == ["accelerate", "launch"]:  # accelerate in this process: a stop by a signal ends in one line
-        stage_launch.main(command[2:], stage)
+        config = accelerate_config(getattr(params, STAGES[stage][1]))
+        if stage in IN_LAUNCHER and starts_one_process(config):
+            stage_launch.run_here(command[2:], stage, bool(config.get("use_cpu")))
+        else:
+            stage_launch.main(command[2:], stage)
         return
     os.execvp(command[0], command)  # a one-process stage: this process becomes it, signals reach it as before
 

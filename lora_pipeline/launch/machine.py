@@ -28,6 +28,12 @@ def processes_here(config: dict) -> int:
     return int(config.get("num_processes", 1)) // max(int(config.get("num_machines", 1)), 1)
 
 
+def starts_one_process(config: dict) -> bool:
+    """Whether `accelerate launch` with the config starts a single process (its one-process launcher) on one machine."""
+    return (config.get("distributed_type", "NO") == "NO" and int(config.get("num_processes", 1)) == 1
+            and int(config.get("num_machines", 1)) == 1)
+
+
 def usable_gpus(config: dict) -> tuple[int, str]:
     """How many GPUs of this machine the config's processes can use (all, or those of its gpu_ids that exist), and
     that in words."""

@@ -2,11 +2,12 @@
 stage's process: which stage, which signal, the checkpoint kept and the way on (dvc.yaml's cmds):
     python -m lora_pipeline.launch.stage_launch --config_file configs/accelerate/cpu.yaml -m stages.train
 Its arguments are accelerate launch's. Another launcher reports a stop alike with checkpoints.stop_line and
-checkpoints.kept_checkpoint.
+checkpoints.kept_checkpoint. run_here runs a one-process stage in the launcher's own interpreter instead.
 """
 from __future__ import annotations
 
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -62,6 +63,36 @@ def main(argv: list[str] | None = None, stage: str | None = None) -> None:
         if isinstance(error, subprocess.CalledProcessError):  # the process printed its own error; the traceback
             sys.exit(error.returncode)                         # would only repeat its exit status
         raise
+
+
+def run_here(argv: list[str], stage: str, use_cpu: bool) -> None:
+    """Run a one-process stage in this interpreter, with the command and environment accelerate's one-process launcher
+    gives it (prepare_simple_launcher_cmd_env), instead of in a new one: the interpreter's start and the imports of
+    torch and accelerate are paid once. A signal that stops it ends in the same one line. For configs that start one
+    process (distributed_type NO): accelerate launches the others through torch's multi-process launcher."""
+    from lora_pipeline.config import cpu_numerics
+
+    if use_cpu:
+        os.environ["ACCELERATE_USE_CPU"] = "True"  # what accelerate sets for a use_cpu config; the pins read it
+    cpu_numerics.pin()  # before accelerate imports torch
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import prepare_simple_launcher_cmd_env
+
+    args = _validate_launch_command(launch_command_parser().parse_args(argv))[0]  # accelerate launch's own defaults
+    command, env = prepare_simple_launcher_cmd_env(args)
+    os.environ.update(env)
+    cpu_numerics.pin()  # over accelerate's thread count, as the stage's own import of stages would
+    module = command.index("-m") + 1
+    started = time.time()
+
+    def stop(signum, _frame):
+        print("\n" + stop_line(stage, signum, kept_checkpoint(started)), file=sys.stderr, flush=True)
+        os._exit(128 + signum)  # what the launcher exits with when its stage's process is stopped
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, stop)
+    sys.argv = command[module:]  # [module, its arguments]; runpy puts the module's path first
+    runpy.run_module(command[module], run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+"""Which stages run in the launcher's own interpreter: an evaluation stage whose config starts one process."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lora_pipeline.launch.launcher import IN_LAUNCHER, STAGES
+from lora_pipeline.launch.machine import starts_one_process
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "accelerate"
+
+
+@pytest.mark.parametrize("name, one", [("cpu", True), ("single_gpu", True), ("cpu_ddp", False), ("multi_gpu", False),
+                                       ("multi_gpu_2", False), ("multi_node", False), ("fsdp2", False),
+                                       ("deepspeed_zero3", False)])
+def test_only_a_config_of_one_process_on_one_machine_starts_one(name, one):
+    assert starts_one_process(yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())) is one
+
+
+def test_a_config_that_names_one_process_of_several_machines_or_a_distributed_type_starts_more():
+    assert starts_one_process({})  # accelerate's defaults: one process
+    assert not starts_one_process({"num_processes": 1, "distributed_type": "MULTI_GPU"})
+    assert not starts_one_process({"num_processes": 2, "num_machines": 2})
+
+
+def test_the_stages_run_in_the_launcher_are_launched_stages_with_an_accelerate_config_and_not_train():
+    # train keeps accelerate's launcher: a SIGTERM saves a checkpoint that the launcher reports
+    assert IN_LAUNCHER and "train" not in IN_LAUNCHER
+    assert all(stage in STAGES and STAGES[stage][1] is not None for stage in IN_LAUNCHER)
