@@ -72,6 +72,14 @@ def run_here(argv: list[str], stage: str, use_cpu: bool) -> None:
     process (distributed_type NO): accelerate launches the others through torch's multi-process launcher."""
     from lora_pipeline.config import cpu_numerics
 
+    started = time.time()
+
+    def stop(signum, _frame):
+        print("\n" + stop_line(stage, signum, kept_checkpoint(started)), file=sys.stderr, flush=True)
+        os._exit(128 + signum)  # what the launcher exits with when its stage's process is stopped
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, stop)
     if use_cpu:
         os.environ["ACCELERATE_USE_CPU"] = "True"  # what accelerate sets for a use_cpu config; the pins read it
     cpu_numerics.pin()  # before accelerate imports torch
@@ -83,14 +91,6 @@ def run_here(argv: list[str], stage: str, use_cpu: bool) -> None:
     os.environ.update(env)
     cpu_numerics.pin()  # over accelerate's thread count, as the stage's own import of stages would
     module = command.index("-m") + 1
-    started = time.time()
-
-    def stop(signum, _frame):
-        print("\n" + stop_line(stage, signum, kept_checkpoint(started)), file=sys.stderr, flush=True)
-        os._exit(128 + signum)  # what the launcher exits with when its stage's process is stopped
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, stop)
     sys.argv = command[module:]  # [module, its arguments]; runpy puts the module's path first
     runpy.run_module(command[module], run_name="__main__", alter_sys=True)
 

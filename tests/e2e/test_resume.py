@@ -187,14 +187,27 @@ def test_sigkill_of_the_training_process_ends_in_one_line(short_repo):
     assert f"resuming from {kept.relative_to(repo)}" in output and run_facts(repo)["resumed_from_step"] == step
 
 
+def running_with_torch(proc: subprocess.Popen, cmdline: str) -> list[psutil.Process]:
+    """proc's descendants whose command line matches, once they have loaded torch."""
+    found = []
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if re.fullmatch(cmdline, " ".join(child.cmdline())) and any("libtorch" in m.path
+                                                                         for m in child.memory_maps()):
+                found.append(child)
+        except psutil.NoSuchProcess:  # ended meanwhile (a zombie too)
+            pass
+    return found
+
+
 def test_sigterm_to_evaluate_ends_in_one_line(short_repo):
     """evaluate keeps no partial work: the line says so, and that `dvc repro` runs it again."""
     repo, _, _ = short_repo
     forget_training(repo)
     proc = subprocess.Popen(["dvc", "repro", "--no-run-cache", "evaluate_base"], cwd=repo, env=run_env(),
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    while not (evaluating := [p for p in psutil.Process(proc.pid).children(recursive=True)  # not the launcher
-                              if re.fullmatch(r"\S+ -m stages\.evaluate base", " ".join(p.cmdline()))]):
+    # the evaluation runs in the launcher's process (one process: stage_launch.run_here), once it has loaded torch
+    while not (evaluating := running_with_torch(proc, r"\S+ -m lora_pipeline\.launch evaluate_base")):
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         time.sleep(0.1)
     evaluating[0].send_signal(signal.SIGTERM)
