@@ -9,8 +9,9 @@
 #   bash benchmarks/pipeline.sh gpt-oss-20b [stage ...]   only those stages
 # Env: MGSM_DIR (default ../shared/data/mgsm; none: no MGSM), PIPELINE_ACCELERATE (default single_gpu),
 # PIPELINE_SET ("key=value ..." params overrides after the recipe), PIPELINE_NOTE (recorded in each row),
-# PIPELINE_COMMIT, PIPELINE_TREE=head (HEAD's files instead of the working tree's), PIPELINE_CMD=1 (the stages' cmd even where DVC is installed),
-# PIPELINE_TINY=1 and PIPELINE_ROWS=N (a reduced model and fewer rows: a check of the stand-ins on a CPU).
+# PIPELINE_COMMIT, PIPELINE_TREE=head (HEAD's files instead of the working tree's), PIPELINE_CMD=1 (the stages' cmd
+# even where DVC is installed), PIPELINE_TINY=1 and PIPELINE_ROWS=N (a reduced model and fewer rows: a check of the
+# stand-ins on a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$PWD
