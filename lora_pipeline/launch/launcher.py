@@ -55,6 +55,15 @@ def local_command(stage: str, params) -> list[str]:
     return ["accelerate", "launch", "--config_file", str(CONFIGS / f"{config}.yaml"), "-m", *module]
 
 
+def runs_in_launcher(stage: str, params, command: list[str]) -> bool:
+    """Whether the stage runs in this interpreter (stage_launch.run_here): an IN_LAUNCHER stage whose accelerate config
+    starts one process, launched as on this machine alone (on a Slurm node, the launch may join other nodes' processes
+    or take the node's CPUs: it keeps accelerate's launcher)."""
+    if stage not in IN_LAUNCHER or command != local_command(stage, params):
+        return False
+    return starts_one_process(accelerate_config(getattr(params, STAGES[stage][1])))
+
+
 def hostnames(nodelist: str) -> list[str]:
     """Slurm's compressed node list (n[1-2]) as host names, by Slurm's own expansion."""
     return subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True,
@@ -259,8 +268,8 @@ def main(argv: list[str] | None = None) -> None:
             print("\n" + stop_line(stage, returncode - 128, kept_checkpoint(started)), file=sys.stderr, flush=True)
         sys.exit(returncode)
     if command[:2] == ["accelerate", "launch"]:  # accelerate in this process: a stop by a signal ends in one line
-        config = accelerate_config(getattr(params, STAGES[stage][1]))
-        if stage in IN_LAUNCHER and starts_one_process(config):
+        if runs_in_launcher(stage, params, command):
+            config = accelerate_config(getattr(params, STAGES[stage][1]))
             stage_launch.run_here(command[2:], stage, bool(config.get("use_cpu")))
         else:
             stage_launch.main(command[2:], stage)

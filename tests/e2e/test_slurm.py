@@ -141,6 +141,7 @@ def test_exp_run_on_slurm_runs_every_accelerator_stage_there_and_registers(slurm
     for stage, nodes in (("merge", "1"), ("evaluate_base", "2"), ("evaluate", "2")):
         assert jobs[f"two-nodes:{stage}"]["JobState"] == "COMPLETED" and jobs[f"two-nodes:{stage}"]["NodeCnt"] == nodes
     assert (repo / "models/registered.json").is_file()
+    assert json.loads((repo / "logs/evaluate.json").read_text())["processes"] == 2  # one group over both nodes
     outputs = ["metrics/eval.json", "metrics/eval_base.json", "reports/generations.jsonl"]
     two_nodes = {path: (repo / path).read_text() for path in outputs}
 
