@@ -55,13 +55,14 @@ def local_command(stage: str, params) -> list[str]:
     return ["accelerate", "launch", "--config_file", str(CONFIGS / f"{config}.yaml"), "-m", *module]
 
 
-def runs_in_launcher(stage: str, params, command: list[str]) -> bool:
-    """Whether the stage runs in this interpreter (stage_launch.run_here): an IN_LAUNCHER stage whose accelerate config
-    starts one process, launched as on this machine alone (on a Slurm node, the launch may join other nodes' processes
-    or take the node's CPUs: it keeps accelerate's launcher)."""
+def in_launcher_config(stage: str, params, command: list[str]) -> dict | None:
+    """The accelerate config of a stage that runs in this interpreter (stage_launch.run_here), or None: an IN_LAUNCHER
+    stage whose config starts one process, launched as on this machine alone (on a Slurm node, the launch may join
+    other nodes' processes or take the node's CPUs: it keeps accelerate's launcher)."""
     if stage not in IN_LAUNCHER or command != local_command(stage, params):
-        return False
-    return starts_one_process(accelerate_config(getattr(params, STAGES[stage][1])))
+        return None
+    config = accelerate_config(getattr(params, STAGES[stage][1]))
+    return config if starts_one_process(config) else None
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -268,8 +269,7 @@ def main(argv: list[str] | None = None) -> None:
             print("\n" + stop_line(stage, returncode - 128, kept_checkpoint(started)), file=sys.stderr, flush=True)
         sys.exit(returncode)
     if command[:2] == ["accelerate", "launch"]:  # accelerate in this process: a stop by a signal ends in one line
-        if runs_in_launcher(stage, params, command):
-            config = accelerate_config(getattr(params, STAGES[stage][1]))
+        if (config := in_launcher_config(stage, params, command)) is not None:
             stage_launch.run_here(command[2:], stage, bool(config.get("use_cpu")))
         else:
             stage_launch.main(command[2:], stage)

@@ -88,8 +88,7 @@ def run_here(argv: list[str], stage: str, use_cpu: bool) -> None:
 
     args = _validate_launch_command(launch_command_parser().parse_args(argv))[0]  # accelerate launch's own defaults
     command, env = prepare_simple_launcher_cmd_env(args)
-    os.environ.update(env)
-    cpu_numerics.pin()  # over accelerate's thread count, as the stage's own import of stages would
+    os.environ.update(env)  # the stage's own import of stages pins again over accelerate's thread count, as before
     module = command.index("-m") + 1
     sys.argv = command[module:]  # [module, its arguments]; runpy puts the module's path first
     runpy.run_module(command[module], run_name="__main__", alter_sys=True)

@@ -1,14 +1,12 @@
 """Which stages run in the launcher's own interpreter: an evaluation stage whose config starts one process."""
-from pathlib import Path
-
 import pytest
 import yaml
 
 from lora_pipeline.config.params import ROOT, read_yaml, validate
-from lora_pipeline.launch.launcher import IN_LAUNCHER, STAGES, local_command, runs_in_launcher
+from lora_pipeline.launch.launcher import IN_LAUNCHER, STAGES, in_launcher_config, local_command
 from lora_pipeline.launch.machine import starts_one_process
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "accelerate"
+CONFIGS = ROOT / "configs" / "accelerate"
 
 
 @pytest.mark.parametrize("name, one", [("cpu", True), ("single_gpu", True), ("cpu_ddp", False), ("multi_gpu", False),
@@ -33,12 +31,12 @@ def test_the_stages_run_in_the_launcher_are_launched_stages_with_an_accelerate_c
 def test_an_evaluation_runs_in_the_launcher_only_as_one_process_launched_here_alone():
     params = validate(read_yaml(ROOT / "params.yaml"))  # eval.accelerate_config cpu: one process
     for stage in ("evaluate_base", "evaluate"):
-        assert runs_in_launcher(stage, params, local_command(stage, params))
-    assert not runs_in_launcher("train", params, local_command("train", params))
+        assert in_launcher_config(stage, params, local_command(stage, params))["use_cpu"] is True
+    assert in_launcher_config("train", params, local_command("train", params)) is None
     # a Slurm node's launch of eval.nodes 2 (launcher.node_command) joins the other node's process
     command = local_command("evaluate", params)
     at = command.index("-m")
     two_nodes = command[:at] + ["--multi_gpu", "--num_machines", "2", "--num_processes", "2", "--machine_rank", "0"]
-    assert not runs_in_launcher("evaluate", params, two_nodes + command[at:])
+    assert in_launcher_config("evaluate", params, two_nodes + command[at:]) is None
     multi = params.model_copy(update={"eval": params.eval.model_copy(update={"accelerate_config": "cpu_ddp"})})
-    assert not runs_in_launcher("evaluate", multi, local_command("evaluate", multi))
+    assert in_launcher_config("evaluate", multi, local_command("evaluate", multi)) is None
