@@ -21,7 +21,8 @@ from lora_pipeline.config.outputs import read_jsonl, replace_dir, staging_dir, w
 from lora_pipeline.config.params import load_params
 from lora_pipeline.merge.check import adapter_load_problem, check_merged_weights, compare_logits, lora_weights
 from lora_pipeline.model.chat import as_text
-from lora_pipeline.model.loading import BITSANDBYTES, device, inference_attention, load_model, load_tokenizer
+from lora_pipeline.model.checks import BITSANDBYTES
+from lora_pipeline.model.loading import device, inference_attention, load_model, load_tokenizer
 from lora_pipeline.model.mxfp4_checkpoint import (expert_values_changed, load_into, merged_save_format,
                                                   save_mxfp4_checkpoint)
 

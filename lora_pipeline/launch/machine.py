@@ -2,6 +2,7 @@
 GPUs, mixed precision and attention kernels, and the launch params (this machine, or Slurm nodes)."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -77,13 +78,16 @@ def check_machine(model, train, root: Path = ROOT, launch=None) -> None:
     (flex attention falls back to sdpa on a CPU), FSDP and DeepSpeed GPUs (and DeepSpeed its package), and an
     accelerate config a GPU for each process it starts here. On Slurm the nodes' GPUs are launch.slurm.gpus_per_node
     (check_launch), not this machine's."""
-    import torch
+    @functools.cache
+    def gpu() -> bool:  # asked only where a setting needs a GPU: importing torch is most of validate's time
+        import torch
+
+        return (on_slurm(launch) and launch.slurm.gpus_per_node > 0) or torch.cuda.is_available()
 
     problems = []
-    gpu = torch.cuda.is_available() or (on_slurm(launch) and launch.slurm.gpus_per_node > 0)
     config = accelerate_config(train, root)
     distributed, lacking = config.get("distributed_type"), []
-    sharded_without_gpu = distributed in SHARDED and not gpu  # the train stage's use_cpu: plain data parallel
+    sharded_without_gpu = distributed in SHARDED and not gpu()  # the train stage's use_cpu: plain data parallel
     if sharded_without_gpu:
         lacking.append("a CUDA GPU")
     if distributed == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
@@ -93,14 +97,16 @@ def check_machine(model, train, root: Path = ROOT, launch=None) -> None:
                         f"GPUs) needs {' and '.join(lacking)}, which this machine lacks; allowed here: cpu, cpu_ddp")
     if not sharded_without_gpu and not on_slurm(launch) and (problem := gpu_count_problem(train, config)):
         problems.append(problem)  # e.g. multi_gpu without a GPU would train 8 processes over gloo
-    if not gpu and (train.sft.bf16 or train.sft.fp16):
+    if (train.sft.bf16 or train.sft.fp16) and not gpu():
         problems.append(f"train.sft.bf16 / train.sft.fp16: mixed precision needs a CUDA GPU and none is present (got "
                         f"bf16 {train.sft.bf16}, fp16 {train.sft.fp16}); allowed here: both false, to train on the CPU")
-    flash_attn = importlib.util.find_spec("flash_attn") is not None
-    lacking = [need for need, present in (("a CUDA GPU", gpu), ("the flash-attn package", flash_attn)) if not present]
-    if model.attn_implementation == "flash_attention_2" and lacking:
-        problems.append(f"model.attn_implementation: flash_attention_2 needs {' and '.join(lacking)}, which this "
-                        "machine lacks; allowed here: eager, sdpa, flex_attention")
+    if model.attn_implementation == "flash_attention_2":
+        flash_attn = importlib.util.find_spec("flash_attn") is not None
+        lacking = [need for need, present in (("a CUDA GPU", gpu()), ("the flash-attn package", flash_attn))
+                   if not present]
+        if lacking:
+            problems.append(f"model.attn_implementation: flash_attention_2 needs {' and '.join(lacking)}, which "
+                            "this machine lacks; allowed here: eager, sdpa, flex_attention")
     if problems:
         raise ValueError("\n".join(problems))
 

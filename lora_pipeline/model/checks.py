@@ -19,13 +19,48 @@ SHARDED = {"FSDP", "DEEPSPEED"}
 
 TINY_MODEL_TYPES = {"tiny-qwen2": "qwen2", "tiny-gpt-oss": "gpt_oss"}
 
+# gpt-oss's frozen experts kept in MXFP4 while training (lora_pipeline.model.mxfp4_experts): loaded as grouped_mm, the
+# same arithmetic on the 16-bit experts, and packed by the train stage after loading.
+MXFP4_EXPERTS = "grouped_mm_mxfp4"
+BITSANDBYTES = ("nf4", "int8")  # quantization.method values that freeze the base in 4/8 bits (QLoRA)
+
+
+def stored_quantization(config) -> str | None:
+    """The quant_method a checkpoint's config declares (e.g. mxfp4 for openai/gpt-oss-20b), None for plain weights;
+    `config`: a transformers config or config.json's contents."""
+    declared = config.get("quantization_config") if isinstance(config, dict) else getattr(config, "quantization_config",
+                                                                                           None)
+    if declared is None:
+        return None
+    method = declared.get("quant_method") if isinstance(declared, dict) else getattr(declared, "quant_method", None)
+    return str(getattr(method, "value", method))
+
+
+def method_problem(method: str, stored: str | None) -> str | None:
+    """Why quantization.method cannot load a checkpoint that stores `stored` weights, or None if it can."""
+    if method == "mxfp4-dequantize" and stored != "mxfp4":
+        return ("mxfp4-dequantize, but the base model has no MXFP4 weights (its config.json declares no mxfp4 "
+                "quantization_config); allowed: none, nf4, int8")
+    if stored == "mxfp4" and method != "mxfp4-dequantize":
+        return (f"{method}, but the base model stores MXFP4 weights, which load here only dequantized to 16 bits "
+                "(they are not trainable, and MXFP4 compute needs a kernel from the Hub); allowed: mxfp4-dequantize")
+    return None
+
+
+def save_format_problem(save_format: str, model_type: str) -> str | None:
+    """Why merge.save_format cannot be used with a base model of this type, or None."""
+    if save_format == "mxfp4" and model_type != "gpt_oss":
+        return (f"merge.save_format: mxfp4, but the base model ({model_type}) is not gpt-oss, whose MoE experts "
+                "(mlp.experts.gate_up_proj / down_proj) are what MXFP4 stores; allowed: auto, model_dtype")
+    return None
+
 
 def check_tiny(model) -> None:
     """tiny-gpt-oss is stored in MXFP4, whose blocks need the widths to be multiples of the block size."""
-    from lora_pipeline.model.mxfp4 import MXFP4_BLOCK
-
     if model.source != "tiny-gpt-oss":
         return
+    from lora_pipeline.model.mxfp4 import MXFP4_BLOCK
+
     for key in ("hidden_size", "intermediate_size"):
         value = getattr(model.tiny, key)
         if value % MXFP4_BLOCK:
@@ -71,21 +106,27 @@ def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
     """The base model's module and parameter names, from its architecture built on the meta device (no memory).
     Importing the architecture's code is slow compared to the rest of validate: the names are cached per config and
     transformers version (not for remote code, which can change under the same version)."""
-    config = base_model_config(model, root)
-    if config is None:
-        return None
+    if model.source in TINY_MODEL_TYPES:  # its config follows from model.tiny, so the key needs no transformers
+        config, described = None, f"{model.source}\n{model.tiny.model_dump_json()}"
+    else:
+        config = base_model_config(model, root)
+        if config is None:
+            return None
+        described = config.to_json_string()
 
     def names() -> dict:
         import torch
         from transformers import AutoModelForCausalLM
 
+        nonlocal config
+        config = config or base_model_config(model, root)
         with torch.device("meta"):
             built = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code)
         # Only leaf modules: peft wraps layers (Linear, Embedding, ...), not the blocks that hold them.
         leaves = [name for name, module in built.named_modules() if not list(module.children())]
         return dataclasses.asdict(ModelLayout(config.model_type, leaves, [n for n, _ in built.named_parameters()]))
 
-    key = hashlib.sha256(f"{version('transformers')}\n{config.to_json_string()}".encode()).hexdigest()[:20]
+    key = hashlib.sha256(f"{version('transformers')}\n{described}".encode()).hexdigest()[:20]
     return ModelLayout(**(names() if model.trust_remote_code else cached(f"layout-{key}.json", names)))
 
 
@@ -136,8 +177,6 @@ UNKNOWN = "unknown"
 def base_stored_quantization(model, root: Path = ROOT) -> str | None:
     """The quant_method of the weights the base checkpoint stores (mxfp4 for gpt-oss), None for plain weights;
     UNKNOWN for a Hub model not fetched yet."""
-    from lora_pipeline.model.loading import stored_quantization
-
     if model.source in TINY_MODEL_TYPES:  # fetch writes tiny-gpt-oss in MXFP4, as openai/gpt-oss-20b ships
         return "mxfp4" if model.source == "tiny-gpt-oss" else None
     config = base_model_config(model, root)
@@ -147,8 +186,6 @@ def base_stored_quantization(model, root: Path = ROOT) -> str | None:
 def check_quantization(model, quantization, train, distributed: str | None, root: Path = ROOT) -> None:
     """quantization choices that the base model, the other params, the accelerate config's distributed_type or this
     machine rule out."""
-    from lora_pipeline.model.loading import BITSANDBYTES, method_problem
-
     method, compute, problems = quantization.method, quantization.compute_dtype, []
     stored = base_stored_quantization(model, root)
     if stored != UNKNOWN and (problem := method_problem(method, stored)):
@@ -183,8 +220,6 @@ def check_packed_experts(model, lora, distributed: str | None, accelerate_config
     """model.experts_implementation grouped_mm_mxfp4 (the frozen experts kept in MXFP4 while training) needs a gpt-oss
     base stored in MXFP4, LoRA that leaves the experts' weights alone, and one replica per process; what is not known
     before fetch (a Hub model's config) the train stage checks on the loaded weights."""
-    from lora_pipeline.model.loading import MXFP4_EXPERTS
-
     if model.experts_implementation != MXFP4_EXPERTS:
         return
     from lora_pipeline.model.mxfp4_experts import packing_problems
@@ -225,10 +260,12 @@ def compute_dtype_problem(method: str, compute: str, dtype: str, sft) -> str | N
 def check_save_format(model, merge, root: Path = ROOT) -> None:
     """merge.save_format: mxfp4 stores gpt-oss's MoE experts, so it needs a gpt-oss base (checked here where the base's
     config is known before fetch; the merge stage checks models/base itself)."""
-    from lora_pipeline.model.mxfp4_checkpoint import save_format_problem
-
-    config = base_model_config(model, root)
-    problem = save_format_problem(merge.save_format, config.model_type) if config is not None else None
+    if model.source in TINY_MODEL_TYPES:
+        model_type = TINY_MODEL_TYPES[model.source]
+    else:
+        config = base_model_config(model, root)
+        model_type = config.model_type if config is not None else None
+    problem = save_format_problem(merge.save_format, model_type) if model_type else None
     if problem:
         raise ValueError(problem)
 

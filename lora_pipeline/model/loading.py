@@ -8,14 +8,12 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from lora_pipeline.model.checks import BITSANDBYTES, MXFP4_EXPERTS, method_problem, stored_quantization
 from lora_pipeline.model.varlen_attention import NAME as VARLEN, register as register_varlen_attention
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# gpt-oss's frozen experts kept in MXFP4 while training (lora_pipeline.model.mxfp4_experts): loaded as grouped_mm, the
-# same arithmetic on the 16-bit experts, and packed by the train stage after loading.
-MXFP4_EXPERTS = "grouped_mm_mxfp4"
 
 
 def device() -> torch.device:
@@ -83,31 +81,6 @@ def loss_attention(model_type: str, attention: str) -> tuple[str, str | None]:
     if attention != "flex_attention" or model_type == "gpt_oss":
         return attention, None
     return "sdpa", "flex attention compiles for each padded width, sdpa needs no compiling: sdpa"
-
-
-BITSANDBYTES = ("nf4", "int8")  # quantization.method values that freeze the base in 4/8 bits (QLoRA)
-
-
-def stored_quantization(config) -> str | None:
-    """The quant_method a checkpoint's config declares (e.g. mxfp4 for openai/gpt-oss-20b), None for plain weights;
-    `config`: a transformers config or config.json's contents."""
-    declared = config.get("quantization_config") if isinstance(config, dict) else getattr(config, "quantization_config",
-                                                                                           None)
-    if declared is None:
-        return None
-    method = declared.get("quant_method") if isinstance(declared, dict) else getattr(declared, "quant_method", None)
-    return str(getattr(method, "value", method))
-
-
-def method_problem(method: str, stored: str | None) -> str | None:
-    """Why quantization.method cannot load a checkpoint that stores `stored` weights, or None if it can."""
-    if method == "mxfp4-dequantize" and stored != "mxfp4":
-        return ("mxfp4-dequantize, but the base model has no MXFP4 weights (its config.json declares no mxfp4 "
-                "quantization_config); allowed: none, nf4, int8")
-    if stored == "mxfp4" and method != "mxfp4-dequantize":
-        return (f"{method}, but the base model stores MXFP4 weights, which load here only dequantized to 16 bits "
-                "(they are not trainable, and MXFP4 compute needs a kernel from the Hub); allowed: mxfp4-dequantize")
-    return None
 
 
 def quantization_config(quantization, dtype: str):

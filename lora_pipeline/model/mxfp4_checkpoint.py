@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from lora_pipeline.config.outputs import replace_dir, staging_dir, write_json
+from lora_pipeline.model.checks import save_format_problem, stored_quantization
 from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, quantize_mxfp4
 
 __all__ = [
@@ -22,7 +23,6 @@ __all__ = [
     "load_into",
     "save_dequantized",
     "expert_values_changed",
-    "save_format_problem",
     "merged_save_format",
 ]
 
@@ -146,14 +146,6 @@ def save_mxfp4_checkpoint(model, out_dir, *, max_shard_size: int = 5 * 2**30, sc
         gen.save_pretrained(out)
 
 
-def save_format_problem(save_format: str, model_type: str) -> str | None:
-    """Why merge.save_format cannot be used with a base model of this type, or None."""
-    if save_format == "mxfp4" and model_type != "gpt_oss":
-        return (f"merge.save_format: mxfp4, but the base model ({model_type}) is not gpt-oss, whose MoE experts "
-                "(mlp.experts.gate_up_proj / down_proj) are what MXFP4 stores; allowed: auto, model_dtype")
-    return None
-
-
 def merged_save_format(save_format: str, base) -> str:
     """'mxfp4' or 'model_dtype': what merge.save_format means for the base checkpoint folder `base` (auto: mxfp4
     when the base stores its experts in MXFP4). ValueError naming the key if the base cannot be saved so."""
@@ -168,8 +160,6 @@ def merged_save_format(save_format: str, base) -> str:
 
 def is_mxfp4_checkpoint(path) -> bool:
     """Whether the checkpoint folder's config.json declares MXFP4 quantization (as openai/gpt-oss does)."""
-    from lora_pipeline.model.loading import stored_quantization
-
     config = Path(path) / "config.json"
     return config.is_file() and stored_quantization(json.loads(config.read_text())) == "mxfp4"
 

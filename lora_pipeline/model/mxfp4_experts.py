@@ -19,7 +19,8 @@ import contextlib
 import torch
 from transformers.integrations.moe import ExpertsInterface
 
-from lora_pipeline.model.loading import MXFP4_EXPERTS, experts_modules, set_experts_implementation
+from lora_pipeline.model.checks import MXFP4_EXPERTS
+from lora_pipeline.model.loading import experts_modules, set_experts_implementation
 from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, decode_table
 from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk, expert_to_disk
 

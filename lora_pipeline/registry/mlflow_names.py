@@ -2,8 +2,13 @@
 MLflow's own rules before any stage runs, and the filter that finds a registered model's versions by its name."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from importlib.metadata import version
 from urllib.parse import urlsplit
+
+from lora_pipeline.config.cache import cached
 
 # The aliases register sets: a new version is the candidate; the champion only if it beats the last one.
 CANDIDATE, CHAMPION = "candidate", "champion"
@@ -49,5 +54,9 @@ def mlflow_name_problems(register) -> list[str]:
 
 
 def check_mlflow_names(register) -> None:
-    if problems := mlflow_name_problems(register):
+    """mlflow_name_problems, kept per MLflow version, store kind and names: importing MLflow takes most of validate's
+    time, and its verdict on the same names is the same."""
+    asked = [version("mlflow"), _is_file_store(), register.model_name, register.experiment]
+    key = hashlib.sha256(json.dumps(asked).encode()).hexdigest()[:20]
+    if problems := cached(f"mlflow-names-{key}.json", lambda: mlflow_name_problems(register)):
         raise ValueError("\n".join(problems))

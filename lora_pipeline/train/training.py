@@ -15,8 +15,8 @@ from trl import SFTConfig, SFTTrainer
 
 from lora_pipeline.launch.ancestors import any_gone, dvc_ancestors
 from lora_pipeline.launch.checkpoints import write_manifest
-from lora_pipeline.model.loading import (BITSANDBYTES, MXFP4_EXPERTS, apply_liger, load_model, load_tokenizer,
-                                         lora_config, training_device_map)
+from lora_pipeline.model.checks import BITSANDBYTES, MXFP4_EXPERTS
+from lora_pipeline.model.loading import apply_liger, load_model, load_tokenizer, lora_config, training_device_map
 from lora_pipeline.model.mxfp4_experts import pack_experts
 from lora_pipeline.train.sft_args import train_sft_args
 

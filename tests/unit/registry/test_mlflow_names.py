@@ -42,3 +42,14 @@ def test_versions_are_found_by_a_name_with_either_quote(tmp_path, name):
     client.create_registered_model(name + " 2")
     [version] = client.search_model_versions(mlflow_names.name_filter(name))
     assert version.name == name and version.tags["model_md5"] == "abc"
+
+
+def test_the_verdict_is_kept_per_store_kind_and_names(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "mlruns"))
+    for _ in range(2):  # computed, then read back from the cache
+        with pytest.raises(ValueError, match="register.model_name: .*cannot contain '%'"):
+            mlflow_names.check_mlflow_names(register(model_name="top 5%"))
+    assert len(list((tmp_path / "cache").rglob("mlflow-names-*.json"))) == 1
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    mlflow_names.check_mlflow_names(register(model_name="top 5%"))  # the sqlite store takes it: another key
