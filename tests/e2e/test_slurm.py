@@ -22,9 +22,9 @@ from lora_pipeline.launch.launcher import hostnames, main_port
 
 pytestmark = pytest.mark.e2e
 
-# Few steps and prompts: the figures compared do not need more.
-SMALL = {"train.sft.max_steps": 6, "train.sft.logging_steps": 1, "eval.prompts": 2, "eval.max_new_tokens": 48,
-         "eval.mgsm.path": ""}
+# Few steps, rows and prompts: the figures compared do not need more.
+SMALL = {"train.sft.max_steps": 6, "train.sft.per_device_train_batch_size": 8, "train.sft.logging_steps": 1,
+         "eval.prompts": 2, "eval.max_new_tokens": 48, "eval.mgsm.path": ""}
 TWO_NODES = {"launch.launcher": "slurm", "train.accelerate_config": "cpu", "train.nodes": 2}
 ADAPTER = ["models/adapter/adapter_model.safetensors", "models/adapter/adapter_config.json", "metrics/train.json"]
 
