@@ -118,13 +118,12 @@ def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        nonlocal config
-        config = config or base_model_config(model, root)
+        built_from = config or base_model_config(model, root)
         with torch.device("meta"):
-            built = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code)
+            built = AutoModelForCausalLM.from_config(built_from, trust_remote_code=model.trust_remote_code)
         # Only leaf modules: peft wraps layers (Linear, Embedding, ...), not the blocks that hold them.
         leaves = [name for name, module in built.named_modules() if not list(module.children())]
-        return dataclasses.asdict(ModelLayout(config.model_type, leaves, [n for n, _ in built.named_parameters()]))
+        return dataclasses.asdict(ModelLayout(built_from.model_type, leaves, [n for n, _ in built.named_parameters()]))
 
     key = hashlib.sha256(f"{version('transformers')}\n{described}".encode()).hexdigest()[:20]
     return ModelLayout(**(names() if model.trust_remote_code else cached(f"layout-{key}.json", names)))

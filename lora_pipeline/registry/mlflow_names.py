@@ -54,9 +54,9 @@ def mlflow_name_problems(register) -> list[str]:
 
 
 def check_mlflow_names(register) -> None:
-    """mlflow_name_problems, kept per MLflow version, store kind and names: importing MLflow takes most of validate's
-    time, and its verdict on the same names is the same."""
-    asked = [version("mlflow"), _is_file_store(), register.model_name, register.experiment]
+    """mlflow_name_problems, kept per MLflow version, store kind and names (the aliases too): importing MLflow takes
+    most of validate's time, and its verdict on the same names is the same."""
+    asked = [version("mlflow"), _is_file_store(), register.model_name, register.experiment, *ALIASES]
     key = hashlib.sha256(json.dumps(asked).encode()).hexdigest()[:20]
     if problems := cached(f"mlflow-names-{key}.json", lambda: mlflow_name_problems(register)):
         raise ValueError("\n".join(problems))
