@@ -22,6 +22,7 @@ TINY_MODEL_TYPES = {"tiny-qwen2": "qwen2", "tiny-gpt-oss": "gpt_oss"}
 # gpt-oss's frozen experts kept in MXFP4 while training (lora_pipeline.model.mxfp4_experts): loaded as grouped_mm, the
 # same arithmetic on the 16-bit experts, and packed by the train stage after loading.
 MXFP4_EXPERTS = "grouped_mm_mxfp4"
+PACKED = ("gate_up_proj", "down_proj")  # the expert weights it packs; their biases stay in the model dtype
 BITSANDBYTES = ("nf4", "int8")  # quantization.method values that freeze the base in 4/8 bits (QLoRA)
 
 
@@ -45,6 +46,26 @@ def method_problem(method: str, stored: str | None) -> str | None:
         return (f"{method}, but the base model stores MXFP4 weights, which load here only dequantized to 16 bits "
                 "(they are not trainable, and MXFP4 compute needs a kernel from the Hub); allowed: mxfp4-dequantize")
     return None
+
+
+def packing_problems(model_type: str | None, stored: str | None, target_parameters) -> list[str]:
+    """Why model.experts_implementation grouped_mm_mxfp4 cannot be used with this base and these LoRA targets, one
+    line each ([] if it can). model_type: the base's, None where not known yet; stored: the quant_method its
+    checkpoint declares ("none" for plain weights), None where not known."""
+    key, problems = f"model.experts_implementation: {MXFP4_EXPERTS}", []
+    if model_type is not None and model_type != "gpt_oss":
+        problems.append(f"{key} keeps gpt-oss's frozen MoE experts in MXFP4, but the base model ({model_type}) is not "
+                        "gpt-oss; allowed: eager, grouped_mm, batched_mm")
+    elif stored is not None and stored != "mxfp4":
+        problems.append(f"{key} re-encodes experts loaded from MXFP4, but the base model stores no MXFP4 weights (its "
+                        "config.json declares no mxfp4 quantization_config); allowed: grouped_mm, or an MXFP4 "
+                        "checkpoint (as openai/gpt-oss-20b ships) with quantization.method mxfp4-dequantize")
+    trained = [t for t in target_parameters if t.rsplit(".", 1)[-1] in PACKED]
+    if trained:
+        problems.append(f"{key} freezes the experts in MXFP4, but lora.target_parameters {trained} trains them; "
+                        "allowed: grouped_mm with these targets, or lora.target_parameters without the experts' "
+                        f"{' / '.join(PACKED)}")
+    return problems
 
 
 def save_format_problem(save_format: str, model_type: str) -> str | None:
@@ -100,6 +121,14 @@ def base_model_config(model, root: Path):
     if not (folder / "config.json").is_file():
         return None
     return AutoConfig.from_pretrained(folder, trust_remote_code=model.trust_remote_code)
+
+
+def base_model_type(model, root: Path = ROOT) -> str | None:
+    """The base model's model_type (a tiny model's from its source, without transformers), None where not known yet."""
+    if model.source in TINY_MODEL_TYPES:
+        return TINY_MODEL_TYPES[model.source]
+    config = base_model_config(model, root)
+    return config.model_type if config is not None else None
 
 
 def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
@@ -221,12 +250,9 @@ def check_packed_experts(model, lora, distributed: str | None, accelerate_config
     before fetch (a Hub model's config) the train stage checks on the loaded weights."""
     if model.experts_implementation != MXFP4_EXPERTS:
         return
-    from lora_pipeline.model.mxfp4_experts import packing_problems
-
-    config = base_model_config(model, root)
     stored = base_stored_quantization(model, root)
-    problems = packing_problems(config.model_type if config is not None else None,
-                                None if stored == UNKNOWN else stored or "none", lora.target_parameters)
+    problems = packing_problems(base_model_type(model, root), None if stored == UNKNOWN else stored or "none",
+                                lora.target_parameters)
     if distributed in SHARDED:
         problems.append(f"model.experts_implementation: {MXFP4_EXPERTS} with train.accelerate_config "
                         f"{accelerate_config} ({distributed}): the packed experts are buffers, which FSDP and "
@@ -259,11 +285,7 @@ def compute_dtype_problem(method: str, compute: str, dtype: str, sft) -> str | N
 def check_save_format(model, merge, root: Path = ROOT) -> None:
     """merge.save_format: mxfp4 stores gpt-oss's MoE experts, so it needs a gpt-oss base (checked here where the base's
     config is known before fetch; the merge stage checks models/base itself)."""
-    if model.source in TINY_MODEL_TYPES:
-        model_type = TINY_MODEL_TYPES[model.source]
-    else:
-        config = base_model_config(model, root)
-        model_type = config.model_type if config is not None else None
+    model_type = base_model_type(model, root)
     problem = save_format_problem(merge.save_format, model_type) if model_type else None
     if problem:
         raise ValueError(problem)

@@ -19,15 +19,14 @@ import contextlib
 import torch
 from transformers.integrations.moe import ExpertsInterface
 
-from lora_pipeline.model.checks import MXFP4_EXPERTS
+from lora_pipeline.model.checks import MXFP4_EXPERTS, PACKED, packing_problems
 from lora_pipeline.model.loading import experts_modules, set_experts_implementation
 from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, decode_table
 from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk, expert_to_disk
 
-__all__ = ["DECODERS", "GLUES", "PACKED", "PATHS", "PackedGroupedLinear", "decode_weight", "down_glue", "forced_path",
-           "gate_up_glue", "pack_experts", "packing_problems", "paths_run"]
+__all__ = ["DECODERS", "GLUES", "PATHS", "PackedGroupedLinear", "decode_weight", "down_glue", "forced_path",
+           "gate_up_glue", "pack_experts", "paths_run"]
 
-PACKED = ("gate_up_proj", "down_proj")  # the expert weights packed; their biases stay in the model's dtype
 PATHS = ("grouped_mm", "loop")  # one grouped GEMM per projection, or a matmul per expert (where there is no kernel)
 # How a packed weight is decoded: one compiled elementwise pass (table lookup and scale in registers), or
 # mxfp4.dequantize_mxfp4's torch ops, several passes over 16-bit temporaries (docs/performance.md has the cost).
@@ -37,26 +36,6 @@ DECODERS = ("compiled", "eager")
 # counts, forward and backward fused. Compiled on a GPU, eager elsewhere, unless forced (glue_for, forced_path).
 GLUES = ("eager", "compiled")
 _forced: dict[str, list[str]] = {"path": [], "decoder": [], "glue": []}  # forced_path's choices, innermost last
-
-
-def packing_problems(model_type: str | None, stored: str | None, target_parameters) -> list[str]:
-    """Why model.experts_implementation grouped_mm_mxfp4 cannot be used with this base and these LoRA targets, one
-    line each ([] if it can). model_type: the base's, None where not known yet; stored: the quant_method its
-    checkpoint declares ("none" for plain weights), None where not known."""
-    key, problems = f"model.experts_implementation: {MXFP4_EXPERTS}", []
-    if model_type is not None and model_type != "gpt_oss":
-        problems.append(f"{key} keeps gpt-oss's frozen MoE experts in MXFP4, but the base model ({model_type}) is not "
-                        "gpt-oss; allowed: eager, grouped_mm, batched_mm")
-    elif stored is not None and stored != "mxfp4":
-        problems.append(f"{key} re-encodes experts loaded from MXFP4, but the base model stores no MXFP4 weights (its "
-                        "config.json declares no mxfp4 quantization_config); allowed: grouped_mm, or an MXFP4 "
-                        "checkpoint (as openai/gpt-oss-20b ships) with quantization.method mxfp4-dequantize")
-    trained = [t for t in target_parameters if t.rsplit(".", 1)[-1] in PACKED]
-    if trained:
-        problems.append(f"{key} freezes the experts in MXFP4, but lora.target_parameters {trained} trains them; "
-                        "allowed: grouped_mm with these targets, or lora.target_parameters without the experts' "
-                        f"{' / '.join(PACKED)}")
-    return problems
 
 
 @contextlib.contextmanager

@@ -19,11 +19,12 @@ import torch
 
 from conftest import ROOT
 from helpers import build_tiny_gpt_oss, shipped
-from lora_pipeline.model.loading import MXFP4_EXPERTS, experts_implementation, load_model, set_experts_implementation
+from lora_pipeline.model.checks import MXFP4_EXPERTS, packing_problems
+from lora_pipeline.model.loading import experts_implementation, load_model, set_experts_implementation
 from lora_pipeline.model.mxfp4 import E8M0_BIAS, dequantize_mxfp4, quantize_mxfp4
 from lora_pipeline.model.mxfp4_checkpoint import _checkpoint_files, _read, expert_from_disk
 from lora_pipeline.model.mxfp4_experts import (PATHS, decode_weight, decoder_for, down_glue, forced_path, gate_up_glue,
-                                               glue_for, pack_experts, packing_problems, paths_run)
+                                               glue_for, pack_experts, paths_run)
 
 VOCAB, HIDDEN, INTERMEDIATE, EXPERTS, LAYERS = 128, 64, 96, 4, 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
