@@ -1,15 +1,19 @@
-"""gpt-oss decoding into a static cache whose sliding-window layers are full-length static layers (the window applied
-by the mask alone), so that a compiled decode step does not specialise on a length, against the shipped eager generate.
+"""gpt-oss decoding into static caches, so that a compiled decode step does not specialise on a length, against the
+shipped eager generate: a full-length static cache (the sliding-window layers as full-length static layers, the window
+applied by the mask alone), and lora_pipeline.evaluate.window_cache.WindowCache (what evaluate decodes into when
+eval.decode_step compiles: the window layers keep their token count out of the step).
 
     python benchmarks/full_static_cache.py <model folder> --batch 301 --new-tokens 512 \
-        --steps eager eager-pad128 static inductor --check-steps 4 --out static.jsonl
+        --steps eager-pad128 window-pad128 window-cudagraphs-pad128 --check-steps 4 --out static.jsonl
     python benchmarks/full_static_cache.py --tiny --batch 8 --new-tokens 24   (CPU: a tiny gpt-oss, window 16)
-Steps: eager (the shipped path), static (the full-length static cache, not compiled), cudagraphs and inductor (it,
-compiled by generate; run --calls times, the first compiles); <step>-pad<N> pads the prompts to a multiple of N
-instead of 64 (other shapes, the same arithmetic: the rounding noise floor). Prompts as benchmarks/generation_speed.py
-builds them; greedy, every row runs --new-tokens. Each step first prints a logit check against the first step: per
-generated step, among the rows whose tokens so far equal the first step's, the largest and mean |logit difference|
-over the mean |logit| and the share of equal top-1 tokens; then its timing.
+Steps: eager (the shipped eager path), static (the full-length static cache, not compiled), cudagraphs and inductor
+(it, compiled by generate as eval.decode_step compiles; run --calls times, the first compiles), window,
+window-cudagraphs and window-inductor (the same with WindowCache; pad the prompts to at least the window, 128 tokens
+for gpt-oss-20b); <step>-pad<N> pads the prompts to a multiple of N instead of 64 (other shapes, the same arithmetic:
+the rounding noise floor). Prompts as benchmarks/generation_speed.py builds them; greedy, every row runs
+--new-tokens. Each step first prints a logit check against the first step: per generated step, among the rows whose
+tokens so far equal the first step's, the largest and mean |logit difference| over the mean |logit| and the share of
+equal top-1 tokens; then its timing, and how many of its rows and tokens equal the first step's.
 """
 import argparse
 import copy
@@ -20,11 +24,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from transformers import CompileConfig, StaticCache
+from transformers import StaticCache
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 from lora_pipeline.data import builtin as builtin_data  # noqa: E402
-from lora_pipeline.evaluate.generation import use_for_generation  # noqa: E402
+from lora_pipeline.evaluate.generation import decode_step_options, use_for_generation  # noqa: E402
+from lora_pipeline.evaluate.window_cache import WindowCache  # noqa: E402
 from lora_pipeline.model.loading import load_model, load_tokenizer  # noqa: E402
 from bench_rows import emit  # noqa: E402  (this folder's)
 from generation_speed import conversations_of  # noqa: E402  (the same prompts)
@@ -41,14 +46,18 @@ def run(model, inputs, new_tokens, pad_id, how, **extra):
     how = how.split("-pad")[0]
     options = {}
     if how != "eager":
-        options["cache"] = full_static_cache(model, inputs["input_ids"].shape[1] + new_tokens)
-        if how == "static":
+        width = inputs["input_ids"].shape[1]
+        if how.startswith("window"):  # what evaluate decodes into: window_cache.WindowCache
+            options["cache"] = WindowCache(model.config, max_cache_len=width + new_tokens)
+            step = how.removeprefix("window").lstrip("-") or "static"
+        else:
+            options["cache"] = full_static_cache(model, width + new_tokens)
+            step = how
+        if step == "static":
             options["disable_compile"] = True
         else:
-            cfg = CompileConfig(backend=how, mode="reduce-overhead" if how == "inductor" else None, fullgraph=True,
-                                dynamic=False)
-            cfg._compile_all_devices = model.device.type != "cuda"
-            options["compile_config"] = cfg
+            options["compile_config"] = decode_step_options(step, compile_on_cpu=model.device.type != "cuda")[
+                "compile_config"]
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -57,8 +66,9 @@ def run(model, inputs, new_tokens, pad_id, how, **extra):
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    if "cache" in options:  # the cache passed was the one decoded into
-        assert options["cache"].get_seq_length() > 0 and type(options["cache"].layers[0]).__name__ == "StaticLayer"
+    if "cache" in options:  # the cache passed was the one decoded into, each layer holding every token fed
+        counts = {getattr(layer, "cumulative_length_int", None) for layer in options["cache"].layers} - {None}
+        assert options["cache"].get_seq_length() > 0 and counts <= {inputs["input_ids"].shape[1] + new_tokens - 1}
     if extra:
         return out, seconds
     return out[:, inputs["input_ids"].shape[1]:], seconds
@@ -137,7 +147,7 @@ def main():
                 emit({"step": how, "logit_check": check}, args.out)
             except Exception as exc:
                 print(json.dumps({"step": how, "logit_check_error": f"{type(exc).__name__}: {exc}"[:1500]}), flush=True)
-            for call in range(1, 1 + (args.calls if how.split("-pad")[0] not in ("eager", "static") else 1)):
+            for call in range(1, 1 + (args.calls if how.split("-pad")[0] not in ("eager", "static", "window") else 1)):
                 if model.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
                 try:

@@ -8,6 +8,7 @@ import torch
 from transformers import CompileConfig
 from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
 
+from lora_pipeline.evaluate.window_cache import WindowCache, sliding_window
 from lora_pipeline.launch.distributed import gather, process_group
 from lora_pipeline.model.loading import experts_implementation, inference_attention, set_experts_implementation
 
@@ -19,20 +20,19 @@ ExpertsInterface.register(GROUPED_FOR_GENERATION, grouped_mm_experts_forward)
 
 
 # How each decode step runs (eval.decode_step). eager: every op launched from Python, into a KV cache that grows.
-# cudagraphs, inductor: transformers' static KV cache (fixed shapes), with generate compiling the decode step
-# (torch.compile, whole graph) under that backend: cudagraphs replays the step's recorded CUDA graph, one launch
-# instead of hundreds; inductor ("reduce-overhead") fuses the kernels too, and records them as a CUDA graph.
+# cudagraphs, inductor: a static KV cache (fixed shapes; window_cache.WindowCache where the model has sliding-window
+# layers), with generate compiling the decode step (torch.compile, whole graph) under that backend: cudagraphs
+# replays the step's recorded CUDA graph, one launch instead of hundreds; inductor ("reduce-overhead") fuses the
+# kernels too, and records them as a CUDA graph.
 DECODE_STEPS = ("eager", "cudagraphs", "inductor")
 
 
 def decoding_implementations(model_type: str, attention: str, experts: str | None, decode_step: str = "eager",
-                             device_type: str = "cuda", sliding_window_layers: bool = False) -> dict:
+                             device_type: str = "cuda") -> dict:
     """The attention and experts implementations and the decode step generation runs, given those the model was
     loaded with and the step asked for, and why any differs: the attention of short passes
     (loading.inference_attention), grouped experts keep their grouped kernels while decoding, and a compiled decode
-    step needs a GPU and a model without sliding-window layers (their static cache counts its length in a Python
-    int, which the compiled step is specialised on: it would compile again for every token until the window is
-    full)."""
+    step needs a GPU."""
     attention, note = inference_attention(model_type, attention)
     notes = [note] if note else []
     if experts in ("grouped_mm", "batched_mm"):
@@ -40,9 +40,8 @@ def decoding_implementations(model_type: str, attention: str, experts: str | Non
         experts = GROUPED_FOR_GENERATION
     if decode_step not in DECODE_STEPS:
         raise ValueError(f"eval.decode_step: {decode_step!r} is not one of {', '.join(DECODE_STEPS)}")
-    if decode_step != "eager" and (device_type != "cuda" or sliding_window_layers):
-        why = "needs a GPU" if device_type != "cuda" else "would recompile for every token of sliding-window layers"
-        notes.append(f"the {decode_step} decode step {why}: eager")
+    if decode_step != "eager" and device_type != "cuda":
+        notes.append(f"the {decode_step} decode step needs a GPU: eager")
         decode_step = "eager"
     return {"attention": attention, "experts": experts, "decode_step": decode_step, "notes": notes}
 
@@ -50,9 +49,8 @@ def decoding_implementations(model_type: str, attention: str, experts: str | Non
 def use_for_generation(model, decode_step: str = "eager") -> dict:
     """Switch a loaded model to the implementations that decode (decoding_implementations) and return them; pass
     the returned decode_step to generate."""
-    sliding = "sliding_attention" in (getattr(model.config, "layer_types", None) or [])
     chosen = decoding_implementations(model.config.model_type, model.config._attn_implementation,
-                                      experts_implementation(model), decode_step, model.device.type, sliding)
+                                      experts_implementation(model), decode_step, model.device.type)
     if chosen["attention"] != model.config._attn_implementation:
         model.set_attn_implementation(chosen["attention"])
     if chosen["experts"]:
@@ -96,21 +94,32 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
     """Batched generation (left padding) after prompts already rendered with the chat template; returns the new
     text, special tokens kept. In a launch of several processes each takes every n-th batch and all get every text.
     `sampling`: do_sample, temperature, top_p (greedy unless do_sample), or other arguments of transformers'
-    generate. `decode_step`: one of DECODE_STEPS (use_for_generation's choice); a compiled step compiles once per
-    batch shape, so its prompts are padded to a multiple of PAD_MULTIPLE tokens. `stats`, if given, accumulates this
-    process's new tokens, decode steps and seconds."""
+    generate. `decode_step`: one of DECODE_STEPS (use_for_generation's choice). A static cache (a compiled step)
+    compiles once per batch shape, so its prompts are padded to a multiple of PAD_MULTIPLE tokens; a model with
+    sliding-window layers decodes into a WindowCache, its prompts padded to at least the window. `stats`, if given,
+    accumulates this process's new tokens, decode steps and seconds."""
     tokenizer.padding_side = "left"
     sampling |= decode_step_options(decode_step)
-    pad_multiple = PAD_MULTIPLE if decode_step != "eager" else None
+    static = sampling.get("cache_implementation") == "static"
+    window = sliding_window(model.config) if static else None
     rank, world = process_group()
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     mine = []
     for batch in batches([len(ids) for ids in encoded], batch_size)[rank::world]:
-        inputs = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, pad_to_multiple_of=pad_multiple,
-                               return_tensors="pt").to(model.device)
+        rows = {"input_ids": [encoded[i] for i in batch]}
+        options = sampling
+        if static:
+            width = max(-(-max(len(ids) for ids in rows["input_ids"]) // PAD_MULTIPLE) * PAD_MULTIPLE, window or 0)
+            inputs = tokenizer.pad(rows, padding="max_length", max_length=width, return_tensors="pt")
+        else:
+            inputs = tokenizer.pad(rows, return_tensors="pt")
+        inputs = inputs.to(model.device)
+        if window:
+            options = {k: v for k, v in sampling.items() if k != "cache_implementation"}
+            options["cache"] = WindowCache(model.config, max_cache_len=inputs["input_ids"].shape[1] + max_new_tokens)
         started = time.perf_counter()
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                             **sampling)
+                             **options)
         new = out[:, inputs["input_ids"].shape[1]:]
         if stats is not None:
             if model.device.type == "cuda":

@@ -5,10 +5,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from torch._dynamo.utils import counters
+from transformers import StaticCache
+from transformers.cache_utils import StaticSlidingWindowLayer
+
 from helpers import build_tiny_gpt_oss, word_tokenizer
 from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_step_options,
                                                decoding_implementations, generate_from_prompts, use_for_generation)
 from lora_pipeline.evaluate.heldout import use_for_loss
+from lora_pipeline.evaluate.window_cache import FullWindowLayer, WindowCache, sliding_window
 from lora_pipeline.model.loading import experts_implementation, load_model, loss_attention
 
 
@@ -80,15 +85,14 @@ def test_batches_are_length_sorted_and_the_same_for_any_process_count():
     assert got == [[1, 3, 6], [5, 2, 0], [4]]  # shortest first; equal lengths keep their order
 
 
-@pytest.mark.parametrize("decode_step, device_type, sliding, want", [
-    ("eager", "cuda", False, "eager"),
-    ("cudagraphs", "cuda", False, "cudagraphs"),
-    ("inductor", "cuda", False, "inductor"),
-    ("cudagraphs", "cpu", False, "eager"),  # needs a GPU: falls back, and says so
-    ("inductor", "cuda", True, "eager"),  # gpt-oss's sliding-window layers
+@pytest.mark.parametrize("decode_step, device_type, want", [
+    ("eager", "cuda", "eager"),
+    ("cudagraphs", "cuda", "cudagraphs"),
+    ("inductor", "cuda", "inductor"),
+    ("cudagraphs", "cpu", "eager"),  # needs a GPU: falls back, and says so
 ])
-def test_decode_step_chosen(decode_step, device_type, sliding, want):
-    chosen = decoding_implementations("qwen2", "sdpa", None, decode_step, device_type, sliding)
+def test_decode_step_chosen(decode_step, device_type, want):
+    chosen = decoding_implementations("qwen2", "sdpa", None, decode_step, device_type)
     assert chosen["decode_step"] == want
     assert bool(chosen["notes"]) == (want != decode_step)
 
@@ -122,5 +126,45 @@ def test_the_compiled_static_cache_step_decodes_as_the_eager_one(tmp_path):
     assert all(len(t.split()) == 12 for t in eager)
 
 
-def test_gpt_oss_has_the_sliding_window_layers_that_keep_its_decode_step_eager(tiny_gpt_oss):
-    assert "sliding_attention" in load_model(tiny_gpt_oss, model_params()).config.layer_types
+def gpt_oss_for_decoding(folder):
+    """The tiny gpt-oss as evaluate decodes it (grouped experts), its attention sinks large enough to matter."""
+    model = load_model(folder, model_params(experts="grouped_mm")).eval()
+    torch.manual_seed(1)
+    for layer in model.model.layers:
+        layer.self_attn.sinks.data.normal_(0, 2)
+    use_for_generation(model)
+    return model
+
+
+def test_the_compiled_step_of_sliding_window_layers_decodes_as_the_eager_one_in_one_graph(tiny_gpt_oss):
+    # The window (16 tokens) fills during the prompt and slides for 40 tokens; the short rows' padding lies inside it
+    # for the first steps. A compiled step that read the window layers' token count would compile again for every
+    # token (dynamic=False) and fail at torch's recompile limit (fullgraph): one graph here.
+    model = gpt_oss_for_decoding(tiny_gpt_oss)
+    assert sliding_window(model.config) == 16
+    tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
+    prompts = [" ".join(f"t{(7 * i + 3 * j) % 170 + 30}" for j in range(n)) for i, n in enumerate([5, 17, 9, 30, 3])]
+    eager = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=40, batch_size=5, min_new_tokens=40)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=40, batch_size=5, min_new_tokens=40,
+                                     **decode_step_options("cudagraphs", compile_on_cpu=True))
+    assert compiled == eager
+    assert counters["stats"]["unique_graphs"] == 1
+    assert all(len(t.split()) == 40 for t in eager)
+
+
+def test_the_window_cache_counts_what_the_stock_cache_counts(tiny_gpt_oss):
+    # The counts advance outside the decode step (WindowCache.get_mask_sizes): after 40 tokens every window layer
+    # holds the stock layer's count, the prompt's 64 plus the 39 tokens fed back.
+    model = gpt_oss_for_decoding(tiny_gpt_oss)
+    tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
+    inputs = tokenizer(["t40 t41 t42", "t50"], return_tensors="pt", padding="max_length", max_length=64)
+    outputs = {}
+    for cache in (WindowCache(model.config, max_cache_len=104), StaticCache(config=model.config, max_cache_len=104)):
+        outputs[type(cache).__name__] = model.generate(**inputs, cache=cache, max_new_tokens=40, min_new_tokens=40,
+                                                       do_sample=False, pad_token_id=0, disable_compile=True)
+        windows = [layer for layer in cache.layers if isinstance(layer, StaticSlidingWindowLayer)]
+        assert windows and {layer.cumulative_length_int for layer in windows} == {64 + 39}
+    assert isinstance(WindowCache(model.config, 104).layers[0], FullWindowLayer)
+    assert torch.equal(outputs["WindowCache"], outputs["StaticCache"])
