@@ -6,11 +6,12 @@ eval.decode_step compiles: the window layers keep their token count out of the s
     python benchmarks/full_static_cache.py <model folder> --batch 301 --new-tokens 512 \
         --steps eager-pad128 window-pad128 window-cudagraphs-pad128 --check-steps 4 --out static.jsonl
     python benchmarks/full_static_cache.py --tiny --batch 8 --new-tokens 24   (CPU: a tiny gpt-oss, window 16)
-Steps: eager (the shipped eager path), static (the full-length static cache, not compiled), cudagraphs and inductor
-(it, compiled by generate as eval.decode_step compiles; run --calls times, the first compiles), window,
-window-cudagraphs and window-inductor (the same with WindowCache; pad the prompts to at least the window, 128 tokens
-for gpt-oss-20b); <step>-pad<N> pads the prompts to a multiple of N instead of 64 (other shapes, the same arithmetic:
-the rounding noise floor). Prompts as benchmarks/generation_speed.py builds them; greedy, every row runs
+Steps: eager (the shipped eager path), eager-halves (it, the rows in two batches: other GEMM shapes, the same
+arithmetic, so its difference from eager is the model's rounding noise floor), static (the full-length static cache,
+not compiled), cudagraphs and inductor (it, compiled by generate as eval.decode_step compiles; run --calls times, the
+first compiles), window, window-cudagraphs and window-inductor (the same with WindowCache; pad the prompts to at
+least the window, 128 tokens for gpt-oss-20b); <step>-pad<N> pads the prompts to a multiple of N instead of 64
+(other shapes, the same arithmetic). Prompts as benchmarks/generation_speed.py builds them; greedy, every row runs
 --new-tokens. Each step first prints a logit check against the first step: per generated step, among the rows whose
 tokens so far equal the first step's, the largest and mean |logit difference| over the mean |logit| and the share of
 equal top-1 tokens; then its timing, and how many of its rows and tokens equal the first step's.
@@ -44,6 +45,16 @@ def full_static_cache(model, max_len):
 
 def run(model, inputs, new_tokens, pad_id, how, **extra):
     how = how.split("-pad")[0]
+    if how == "eager-halves":  # the same rows in two batches: other GEMM shapes, the same arithmetic
+        half = inputs["input_ids"].shape[0] // 2
+        parts = [run(model, {k: v[rows] for k, v in inputs.items()}, new_tokens, pad_id, "eager", **extra)
+                 for rows in (slice(0, half), slice(half, None))]
+        (first, _), (second, _) = parts
+        seconds = sum(part[1] for part in parts)
+        if extra:  # generate's output: the sequences and each step's logits, the halves' rows in order
+            return SimpleNamespace(sequences=torch.cat([first.sequences, second.sequences]),
+                                   logits=tuple(torch.cat(pair) for pair in zip(first.logits, second.logits))), seconds
+        return torch.cat([first, second]), seconds
     options = {}
     if how != "eager":
         width = inputs["input_ids"].shape[1]
@@ -147,7 +158,8 @@ def main():
                 emit({"step": how, "logit_check": check}, args.out)
             except Exception as exc:
                 print(json.dumps({"step": how, "logit_check_error": f"{type(exc).__name__}: {exc}"[:1500]}), flush=True)
-            for call in range(1, 1 + (args.calls if how.split("-pad")[0] not in ("eager", "static", "window") else 1)):
+            compiled = how.split("-pad")[0] not in ("eager", "eager-halves", "static", "window")
+            for call in range(1, 1 + (args.calls if compiled else 1)):
                 if model.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
                 try:
