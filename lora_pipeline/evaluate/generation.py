@@ -120,6 +120,8 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
         started = time.perf_counter()
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                              **options)
+        if window:
+            options["cache"].check_counts()
         new = out[:, inputs["input_ids"].shape[1]:]
         if stats is not None:
             if model.device.type == "cuda":

@@ -59,3 +59,14 @@ class WindowCache(StaticCache):
                 if isinstance(window, FullWindowLayer):
                     window.cumulative_length_int += 1
         return sizes
+
+    def check_counts(self) -> None:
+        """Raise unless every window counts the tokens the full-attention layers hold: a count that left them (if
+        generate asked for the mask sizes other than once a step) would have masked the wrong tokens."""
+        full = [layer for layer in self.layers
+                if not isinstance(layer, StaticSlidingWindowLayer) and layer.is_initialized]
+        counts = {window.cumulative_length_int for window in self.layers if isinstance(window, FullWindowLayer)}
+        if full and counts and counts != {int(full[0].cumulative_length)}:
+            raise RuntimeError(f"WindowCache: the window layers count {sorted(counts)} tokens, the full-attention "
+                               f"layers hold {int(full[0].cumulative_length)}: this transformers version asks for the "
+                               "mask sizes other than once a decode step; use eval.decode_step: eager")

@@ -168,3 +168,10 @@ def test_the_window_cache_counts_what_the_stock_cache_counts(tiny_gpt_oss):
         assert windows and {layer.cumulative_length_int for layer in windows} == {64 + 39}
     assert isinstance(WindowCache(model.config, 104).layers[0], FullWindowLayer)
     assert torch.equal(outputs["WindowCache"], outputs["StaticCache"])
+    window_cache = WindowCache(model.config, max_cache_len=104)
+    model.generate(**inputs, cache=window_cache, max_new_tokens=40, min_new_tokens=40, do_sample=False,
+                   pad_token_id=0, disable_compile=True)
+    window_cache.check_counts()
+    window_cache.layers[0].cumulative_length_int += 1  # as if the sizes had been asked for twice in a step
+    with pytest.raises(RuntimeError, match="the window layers count .* tokens, the full-attention layers hold 103"):
+        window_cache.check_counts()
