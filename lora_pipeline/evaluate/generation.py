@@ -2,6 +2,7 @@
 batches split over the processes of a launch."""
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -108,8 +109,9 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
     for batch in batches([len(ids) for ids in encoded], batch_size)[rank::world]:
         rows = {"input_ids": [encoded[i] for i in batch]}
         options = sampling
-        if static:
-            width = max(-(-max(len(ids) for ids in rows["input_ids"]) // PAD_MULTIPLE) * PAD_MULTIPLE, window or 0)
+        if static:  # a multiple of PAD_MULTIPLE, and at least the window
+            longest = max(len(ids) for ids in rows["input_ids"])
+            width = max(math.ceil(longest / PAD_MULTIPLE) * PAD_MULTIPLE, window or 0)
             inputs = tokenizer.pad(rows, padding="max_length", max_length=width, return_tensors="pt")
         else:
             inputs = tokenizer.pad(rows, return_tensors="pt")
