@@ -47,11 +47,18 @@ def decoding_implementations(model_type: str, attention: str, experts: str | Non
     return {"attention": attention, "experts": experts, "decode_step": decode_step, "notes": notes}
 
 
+def decode_cache(decode_step: str, config) -> str:
+    """The KV cache a decode step runs on (generate_from_prompts): a dynamic one for the eager step, else a static
+    one, a WindowCache where the model has sliding-window layers."""
+    return "dynamic" if decode_step == "eager" else "WindowCache" if sliding_window(config) else "static"
+
+
 def use_for_generation(model, decode_step: str = "eager") -> dict:
-    """Switch a loaded model to the implementations that decode (decoding_implementations) and return them; pass
-    the returned decode_step to generate."""
+    """Switch a loaded model to the implementations that decode (decoding_implementations) and return them, with the
+    cache the step runs on; pass the returned decode_step to generate."""
     chosen = decoding_implementations(model.config.model_type, model.config._attn_implementation,
                                       experts_implementation(model), decode_step, model.device.type)
+    chosen["cache"] = decode_cache(chosen["decode_step"], model.config)
     if chosen["attention"] != model.config._attn_implementation:
         model.set_attn_implementation(chosen["attention"])
     if chosen["experts"]:

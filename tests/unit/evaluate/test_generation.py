@@ -10,7 +10,7 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticSlidingWindowLayer
 
 from helpers import build_tiny_gpt_oss, word_tokenizer
-from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_step_options,
+from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_cache, decode_step_options,
                                                decoding_implementations, generate_from_prompts, use_for_generation)
 from lora_pipeline.evaluate.heldout import use_for_loss
 from lora_pipeline.evaluate.window_cache import FullWindowLayer, WindowCache, sliding_window
@@ -95,6 +95,13 @@ def test_decode_step_chosen(decode_step, device_type, want):
     chosen = decoding_implementations("qwen2", "sdpa", None, decode_step, device_type)
     assert chosen["decode_step"] == want
     assert bool(chosen["notes"]) == (want != decode_step)
+
+
+def test_the_cache_a_decode_step_runs_on_is_recorded(tiny_gpt_oss):
+    gpt_oss = load_model(tiny_gpt_oss, model_params()).config
+    assert decode_cache("cudagraphs", gpt_oss) == "WindowCache" and decode_cache("eager", gpt_oss) == "dynamic"
+    assert decode_cache("inductor", SimpleNamespace(layer_types=["full_attention"], sliding_window=None)) == "static"
+    assert use_for_generation(load_model(tiny_gpt_oss, model_params()), "cudagraphs")["cache"] == "dynamic"  # CPU
 
 
 def test_an_unknown_decode_step_is_refused_by_name():
