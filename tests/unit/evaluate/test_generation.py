@@ -4,7 +4,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from torch._dynamo.utils import counters
 from transformers import StaticCache
 from transformers.cache_utils import StaticSlidingWindowLayer
@@ -167,17 +166,15 @@ def test_the_window_cache_counts_what_the_stock_cache_counts(tiny_gpt_oss):
     model = gpt_oss_for_decoding(tiny_gpt_oss)
     tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
     inputs = tokenizer(["t40 t41 t42", "t50"], return_tensors="pt", padding="max_length", max_length=64)
+    window_cache = WindowCache(model.config, max_cache_len=104)
+    assert isinstance(window_cache.layers[0], FullWindowLayer)
     outputs = {}
-    for cache in (WindowCache(model.config, max_cache_len=104), StaticCache(config=model.config, max_cache_len=104)):
+    for cache in (window_cache, StaticCache(config=model.config, max_cache_len=104)):
         outputs[type(cache).__name__] = model.generate(**inputs, cache=cache, max_new_tokens=40, min_new_tokens=40,
                                                        do_sample=False, pad_token_id=0, disable_compile=True)
         windows = [layer for layer in cache.layers if isinstance(layer, StaticSlidingWindowLayer)]
         assert windows and {layer.cumulative_length_int for layer in windows} == {64 + 39}
-    assert isinstance(WindowCache(model.config, 104).layers[0], FullWindowLayer)
     assert torch.equal(outputs["WindowCache"], outputs["StaticCache"])
-    window_cache = WindowCache(model.config, max_cache_len=104)
-    model.generate(**inputs, cache=window_cache, max_new_tokens=40, min_new_tokens=40, do_sample=False,
-                   pad_token_id=0, disable_compile=True)
     window_cache.check_counts()
     window_cache.layers[0].cumulative_length_int += 1  # as if the sizes had been asked for twice in a step
     with pytest.raises(RuntimeError, match="the window layers count .* tokens, the full-attention layers hold 103"):
