@@ -5,7 +5,7 @@ eval.decode_step compiles: the window layers keep their token count out of the s
 
     python benchmarks/full_static_cache.py <model folder> --batch 301 --new-tokens 512 \
         --steps eager-pad128 window-pad128 window-cudagraphs-pad128 --check-steps 4 --out static.jsonl
-    python benchmarks/full_static_cache.py --tiny --batch 8 --new-tokens 24   (CPU: a tiny gpt-oss, window 16)
+    python benchmarks/full_static_cache.py --tiny --new-tokens 24   (CPU: a tiny gpt-oss, window 16, 8 prompts)
 Steps: eager (the shipped eager path), eager-halves (it, the rows in two batches: other GEMM shapes, the same
 arithmetic, so its difference from eager is the model's rounding noise floor), static (the full-length static cache,
 not compiled), cudagraphs and inductor (it, compiled by generate as eval.decode_step compiles; run --calls times, the

@@ -1,0 +1,24 @@
+"""benchmarks/full_static_cache.py, the GPU check of gpt-oss's compiled decode step, on the tiny gpt-oss on the CPU:
+each step runs and checks its logits against the first, and on the CPU every cache and step computes eager's bits."""
+import json
+import subprocess
+import sys
+
+from conftest import ROOT, run_env
+
+
+def test_every_step_runs_and_on_the_cpu_matches_eager_to_the_bit(tmp_path):
+    out = tmp_path / "static.jsonl"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks/full_static_cache.py"), "--tiny", "--batch", "8",
+                    "--new-tokens", "20", "--steps", "eager", "eager-halves", "window", "window-cudagraphs",
+                    "--check-steps", "3", "--calls", "2", "--out", str(out)],
+                   cwd=tmp_path, env=run_env(), check=True, capture_output=True, text=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    checks = {row["step"]: row["logit_check"] for row in rows if "logit_check" in row}
+    timings = [row for row in rows if "call" in row]
+    assert list(checks) == ["eager", "eager-halves", "window", "window-cudagraphs"]
+    for step in ("eager-halves", "window", "window-cudagraphs"):
+        assert [c["step"] for c in checks[step]] == [0, 1, 2], step
+        assert all(c["max_rel"] == 0.0 and c["top1_equal"] == 1.0 for c in checks[step]), (step, checks[step])
+    assert [row["call"] for row in timings if row["step"] == "window-cudagraphs"] == [1, 2]  # the first compiles
+    assert all(row["tokens_equal_to_first"] == 1.0 and row["new_tokens"] == 8 * 20 for row in timings), timings
