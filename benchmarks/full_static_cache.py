@@ -120,18 +120,12 @@ def main():
     args = parser.parse_args()
     if args.tiny:
         import tempfile
-        from helpers import build_tiny_gpt_oss, word_tokenizer
+        from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
         folder = Path(tempfile.mkdtemp())
         build_tiny_gpt_oss(folder, vocab_size=512, sliding_window=16)
-        params = SimpleNamespace(dtype="float32", attn_implementation="eager", experts_implementation="grouped_mm",
-                                 trust_remote_code=False)
-        model = load_model(folder, params).eval()
-        torch.manual_seed(1)
-        for layer in model.model.layers:
-            layer.self_attn.sinks.data.normal_(0, 2)
+        model = decoding_gpt_oss(folder)
         tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
-        prompts = [" ".join(f"t{(7 * i + 3 * j) % 170 + 30}" for j in range(n))
-                   for i, n in enumerate([5, 17, 9, 30, 3, 24, 11, 40])]
+        prompts = GPT_OSS_PROMPTS
     else:
         params = SimpleNamespace(dtype="bfloat16", attn_implementation="flex_attention",
                                  experts_implementation="grouped_mm", trust_remote_code=False)

@@ -6,7 +6,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import torch
 import yaml
 
 from lora_pipeline.config.params import ROOT
@@ -38,6 +40,28 @@ def word_tokenizer(vocab: dict[str, int]):
 def build_tiny_gpt_oss(out_dir, **sizes) -> None:
     """Write a randomly initialised tiny gpt-oss (see random_gpt_oss) to out_dir as an MXFP4 checkpoint."""
     save_mxfp4_checkpoint(random_gpt_oss(**sizes), out_dir)
+
+
+# Prompts for a tiny gpt-oss read by word_tokenizer: 3 to 40 words, one token each (t30-t199: no word starts with a
+# special token's text, t0 or t2)
+GPT_OSS_PROMPTS = [" ".join(f"t{(7 * i + 3 * j) % 170 + 30}" for j in range(n))
+                   for i, n in enumerate([5, 17, 9, 30, 3, 24, 11, 40])]
+
+
+def decoding_gpt_oss(folder):
+    """The tiny gpt-oss in `folder`, in float32 with grouped experts, switched to what generation runs
+    (use_for_generation), its attention sinks far from zero: each head's sink takes a real share of its attention."""
+    from lora_pipeline.evaluate.generation import use_for_generation
+    from lora_pipeline.model.loading import load_model
+
+    params = SimpleNamespace(dtype="float32", attn_implementation="eager", experts_implementation="grouped_mm",
+                             trust_remote_code=False)
+    model = load_model(folder, params).eval()
+    use_for_generation(model)
+    torch.manual_seed(1)
+    for layer in model.model.layers:
+        layer.self_attn.sinks.data.normal_(0, 2)
+    return model
 
 
 def free_port() -> int:

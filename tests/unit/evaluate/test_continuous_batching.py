@@ -1,15 +1,12 @@
 """transformers' continuous batching (benchmarks/generation_speed.py's `cb` variants) decodes as the evaluate stage's
 generate does, on a tiny gpt-oss whose sliding window is shorter than its rows and whose attention sinks matter."""
 import importlib.util
-from types import SimpleNamespace
 
 import pytest
-import torch
 
 from conftest import ROOT
-from helpers import build_tiny_gpt_oss, word_tokenizer
-from lora_pipeline.evaluate.generation import generate_from_prompts, use_for_generation
-from lora_pipeline.model.loading import load_model
+from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
+from lora_pipeline.evaluate.generation import generate_from_prompts
 
 spec = importlib.util.spec_from_file_location("generation_speed", ROOT / "benchmarks" / "generation_speed.py")
 bench = importlib.util.module_from_spec(spec)
@@ -17,24 +14,15 @@ spec.loader.exec_module(bench)
 
 WINDOW = 16
 NEW_TOKENS = 24
-# 3 to 40 words, one token each (t30-t199: no word starts with a special token's text, t0 or t2), 8 rows of
-# 27-64 tokens once generated: every row outgrows the window
-PROMPTS = [" ".join(f"t{(7 * i + 3 * j) % 170 + 30}" for j in range(n))
-           for i, n in enumerate([5, 17, 9, 30, 3, 24, 11, 40])]
+# 8 rows of 27-64 tokens once generated: every row outgrows the window
+PROMPTS = GPT_OSS_PROMPTS
 
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gpt-oss")
     build_tiny_gpt_oss(folder, vocab_size=512, sliding_window=WINDOW)
-    params = SimpleNamespace(dtype="float32", attn_implementation="eager", experts_implementation="grouped_mm",
-                             trust_remote_code=False)
-    model = load_model(folder, params).eval()
-    use_for_generation(model)
-    torch.manual_seed(1)
-    for layer in model.model.layers:  # sinks far from zero: each head's sink takes a real share of its attention
-        layer.self_attn.sinks.data.normal_(0, 2)
-    return model, word_tokenizer({f"t{i}": i for i in range(512)})
+    return decoding_gpt_oss(folder), word_tokenizer({f"t{i}": i for i in range(512)})
 
 
 def stage_generate(model, tokenizer, batch_size=3):

@@ -8,7 +8,7 @@ from torch._dynamo.utils import counters
 from transformers import StaticCache
 from transformers.cache_utils import StaticSlidingWindowLayer
 
-from helpers import build_tiny_gpt_oss, word_tokenizer
+from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
 from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_cache, decode_step_options,
                                                decoding_implementations, generate_from_prompts, use_for_generation)
 from lora_pipeline.evaluate.heldout import use_for_loss
@@ -132,24 +132,14 @@ def test_the_compiled_static_cache_step_decodes_as_the_eager_one(tmp_path):
     assert all(len(t.split()) == 12 for t in eager)
 
 
-def gpt_oss_for_decoding(folder):
-    """The tiny gpt-oss as evaluate decodes it (grouped experts), its attention sinks large enough to matter."""
-    model = load_model(folder, model_params(experts="grouped_mm")).eval()
-    torch.manual_seed(1)
-    for layer in model.model.layers:
-        layer.self_attn.sinks.data.normal_(0, 2)
-    use_for_generation(model)
-    return model
-
-
 def test_the_compiled_step_of_sliding_window_layers_decodes_as_the_eager_one_in_one_graph(tiny_gpt_oss):
     # The window (16 tokens) fills during the prompt and slides for 40 tokens; the short rows' padding lies inside it
     # for the first steps. A compiled step that read the window layers' token count would compile again for every
     # token (dynamic=False) and fail at torch's recompile limit (fullgraph): one graph here.
-    model = gpt_oss_for_decoding(tiny_gpt_oss)
+    model = decoding_gpt_oss(tiny_gpt_oss)
     assert sliding_window(model.config) == 16
     tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
-    prompts = [" ".join(f"t{(7 * i + 3 * j) % 170 + 30}" for j in range(n)) for i, n in enumerate([5, 17, 9, 30, 3])]
+    prompts = GPT_OSS_PROMPTS[:5]
     eager = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=40, batch_size=5, min_new_tokens=40)
     torch._dynamo.reset()
     counters.clear()
@@ -163,7 +153,7 @@ def test_the_compiled_step_of_sliding_window_layers_decodes_as_the_eager_one_in_
 def test_the_window_cache_counts_what_the_stock_cache_counts(tiny_gpt_oss):
     # The counts advance outside the decode step (WindowCache.get_mask_sizes): after 40 tokens every window layer
     # holds the stock layer's count, the prompt's 64 plus the 39 tokens fed back.
-    model = gpt_oss_for_decoding(tiny_gpt_oss)
+    model = decoding_gpt_oss(tiny_gpt_oss)
     tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
     inputs = tokenizer(["t40 t41 t42", "t50"], return_tensors="pt", padding="max_length", max_length=64)
     window_cache = WindowCache(model.config, max_cache_len=104)
