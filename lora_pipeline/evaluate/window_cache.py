@@ -66,7 +66,10 @@ class WindowCache(StaticCache):
         full = [layer for layer in self.layers
                 if not isinstance(layer, StaticSlidingWindowLayer) and layer.is_initialized]
         counts = {window.cumulative_length_int for window in self.layers if isinstance(window, FullWindowLayer)}
-        if full and counts and counts != {int(full[0].cumulative_length)}:
+        if not (full and counts):
+            return
+        held = int(full[0].cumulative_length)  # one read of the device's count
+        if counts != {held}:
             raise RuntimeError(f"WindowCache: the window layers count {sorted(counts)} tokens, the full-attention "
-                               f"layers hold {int(full[0].cumulative_length)}: this transformers version asks for the "
-                               "mask sizes other than once a decode step; use eval.decode_step: eager")
+                               f"layers hold {held}: this transformers version asks for the mask sizes other than "
+                               "once a decode step; use eval.decode_step: eager")
