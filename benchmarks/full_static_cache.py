@@ -11,10 +11,12 @@ arithmetic, so its difference from eager is the model's rounding noise floor), s
 not compiled), cudagraphs and inductor (it, compiled by generate as eval.decode_step compiles; run --calls times, the
 first compiles), window, window-cudagraphs and window-inductor (the same with WindowCache; pad the prompts to at
 least the window, 128 tokens for gpt-oss-20b); <step>-pad<N> pads the prompts to a multiple of N instead of 64
-(other shapes, the same arithmetic). Prompts as benchmarks/generation_speed.py builds them; greedy, every row runs
---new-tokens. Each step first prints a logit check against the first step: per generated step, among the rows whose
-tokens so far equal the first step's, the largest and mean |logit difference| over the mean |logit| and the share of
-equal top-1 tokens; then its timing, and how many of its rows and tokens equal the first step's.
+(other shapes, the same arithmetic); cudagraphs-stock is cudagraphs under torch's own "cudagraphs" backend, which
+copies every weight into the CUDA graph's memory each step. Prompts as benchmarks/generation_speed.py builds them;
+greedy, every row runs --new-tokens. Each step first prints a logit check against the first step: per generated step,
+among the rows whose tokens so far equal the first step's, the largest and mean |logit difference| over the mean
+|logit| and the share of equal top-1 tokens; then its timing, and how many of its rows and tokens equal the first
+step's.
 """
 import argparse
 import copy
@@ -67,8 +69,12 @@ def run(model, inputs, new_tokens, pad_id, how, **extra):
         if step == "static":
             options["disable_compile"] = True
         else:
-            options["compile_config"] = decode_step_options(step, compile_on_cpu=model.device.type != "cuda")[
-                "compile_config"]
+            compile_on_cpu = model.device.type != "cuda"
+            options["compile_config"] = decode_step_options(step.removesuffix("-stock"),
+                                                            compile_on_cpu)["compile_config"]
+            if step == "cudagraphs-stock":  # torch's own backend: it copies every weight into the graph each step
+                options["compile_config"].backend = "cudagraphs"
+
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
@@ -116,6 +122,7 @@ def main():
     parser.add_argument("--steps", nargs="+", default=["eager", "static"])
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--check-steps", type=int, default=6)
+    parser.add_argument("--profile", type=int, default=0, help="then profile this many new tokens of each step")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.tiny:
@@ -175,6 +182,19 @@ def main():
                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if model.device.type == "cuda"
                        else None, "device": torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"}
                 emit(row, args.out)
+            if args.profile and model.device.type == "cuda":  # where a step's time goes: the kernels, by GPU time
+                from torch.profiler import ProfilerActivity, profile
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    run(model, inputs, args.profile, tokenizer.pad_token_id, how)
+                print(f"profile of {how}, {args.profile} new tokens (prefill included)\n" + prof.key_averages().table(
+                    sort_by="cuda_time_total", row_limit=14, max_name_column_width=60), flush=True)
+            if model.device.type == "cuda":  # what the compiled steps hold: graphs compiled, CUDA-graph pools
+                from torch._dynamo.utils import counters
+                print(json.dumps({"after": how, "allocated_gib": round(torch.cuda.memory_allocated() / 2**30, 1),
+                                  "reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 1),
+                                  "dynamo": {k: dict(v) for k, v in counters.items()
+                                             if k in ("stats", "inductor", "cudagraphs_in_place")}},
+                                 default=str)[:3000], flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import torch
 from transformers import CompileConfig
 from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
 
+from lora_pipeline.evaluate.cuda_graphs import cudagraphs_in_place
 from lora_pipeline.evaluate.window_cache import WindowCache, sliding_window
 from lora_pipeline.launch.distributed import gather, process_group
 from lora_pipeline.model.loading import experts_implementation, inference_attention, set_experts_implementation
@@ -22,9 +23,9 @@ ExpertsInterface.register(GROUPED_FOR_GENERATION, grouped_mm_experts_forward)
 
 # How each decode step runs (eval.decode_step). eager: every op launched from Python, into a KV cache that grows.
 # cudagraphs, inductor: a static KV cache (fixed shapes; window_cache.WindowCache where the model has sliding-window
-# layers), with generate compiling the decode step (torch.compile, whole graph) under that backend: cudagraphs
-# replays the step's recorded CUDA graph, one launch instead of hundreds; inductor ("reduce-overhead") fuses the
-# kernels too, and records them as a CUDA graph.
+# layers), with generate compiling the decode step (torch.compile, whole graph): cudagraphs replays the step's
+# recorded CUDA graph, one launch instead of hundreds, the weights read where they lie (cuda_graphs.py); inductor
+# ("reduce-overhead") fuses the kernels too, and records them as a CUDA graph.
 DECODE_STEPS = ("eager", "cudagraphs", "inductor")
 
 
@@ -71,7 +72,8 @@ def decode_step_options(decode_step: str, compile_on_cpu: bool = False) -> dict:
     (transformers compiles on GPUs only), for checking on a CPU that the step compiles as one graph."""
     if decode_step == "eager":
         return {}
-    config = CompileConfig(backend=decode_step, mode="reduce-overhead" if decode_step == "inductor" else None,
+    backend = cudagraphs_in_place if decode_step == "cudagraphs" else decode_step
+    config = CompileConfig(backend=backend, mode="reduce-overhead" if decode_step == "inductor" else None,
                            fullgraph=True, dynamic=False)
     config._compile_all_devices = compile_on_cpu
     return {"cache_implementation": "static", "compile_config": config}

@@ -126,10 +126,17 @@ def test_the_compiled_static_cache_step_decodes_as_the_eager_one(tmp_path):
     model = load_model(tiny_qwen2(tmp_path / "qwen2"), model_params()).eval()
     eager = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=12, batch_size=4, min_new_tokens=12)
     torch._dynamo.reset()
+    counters.clear()
     compiled = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=12, batch_size=4, min_new_tokens=12,
                                      **decode_step_options("cudagraphs", compile_on_cpu=True))
     assert compiled == eager
     assert all(len(t.split()) == 12 for t in eager)
+    # The step reads every weight and the static cache's keys and values where they lie: a CUDA graph copies only
+    # the step's own inputs (token, positions, mask), not the model, into its memory each replay.
+    kept = counters["cudagraphs_in_place"]
+    weights, cache_tensors = len(list(model.parameters())), 2 * model.config.num_hidden_layers
+    assert counters["stats"]["unique_graphs"] == 1
+    assert kept["static_inputs"] >= weights + cache_tensors and kept["copied_inputs"] <= 4, dict(kept)
 
 
 def test_the_compiled_step_of_sliding_window_layers_decodes_as_the_eager_one_in_one_graph(tiny_gpt_oss):
