@@ -53,7 +53,7 @@ def run(model, inputs, new_tokens, pad_id, how, **extra):
                  for rows in (slice(0, half), slice(half, None))]
         (first, _), (second, _) = parts
         seconds = sum(part[1] for part in parts)
-        if extra:  # generate's output: the sequences and each step's logits, the halves' rows in order
+        if extra.get("return_dict_in_generate"):  # the sequences and each step's logits, the halves' rows in order
             return SimpleNamespace(sequences=torch.cat([first.sequences, second.sequences]),
                                    logits=tuple(torch.cat(pair) for pair in zip(first.logits, second.logits))), seconds
         return torch.cat([first, second]), seconds
@@ -113,6 +113,26 @@ def logit_check(model, inputs, pad_id, how, reference, steps):
     return (tokens, out.logits), result
 
 
+def profile_decode_steps(model, inputs, pad_id, how, steps):
+    """torch.profiler's table of `steps` decode steps, after the prefill and one step left out, by device time (the
+    GPU's kernels; on the CPU its ops); of eager-halves, its first half."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class StepMark(LogitsProcessor):  # generate calls it once a step, outside the (compiled) forward
+        def __call__(self, input_ids, scores):
+            prof.step()
+            return scores
+
+    cuda = model.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps, repeat=1)) as prof:
+        run(model, inputs, steps + 2, pad_id, how, logits_processor=LogitsProcessorList([StepMark()]))
+    table = prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=16,
+                                      max_name_column_width=70)
+    return f"profile of {how}: {steps} decode steps, the prefill and the first step left out\n{table}"
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("model", nargs="?")
@@ -122,7 +142,7 @@ def main():
     parser.add_argument("--steps", nargs="+", default=["eager", "static"])
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--check-steps", type=int, default=6)
-    parser.add_argument("--profile", type=int, default=0, help="then profile this many new tokens of each step")
+    parser.add_argument("--profile", type=int, default=0, help="then profile this many decode steps of each step")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.tiny:
@@ -182,12 +202,8 @@ def main():
                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if model.device.type == "cuda"
                        else None, "device": torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"}
                 emit(row, args.out)
-            if args.profile and model.device.type == "cuda":  # where a step's time goes: the kernels, by GPU time
-                from torch.profiler import ProfilerActivity, profile
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    run(model, inputs, args.profile, tokenizer.pad_token_id, how)
-                print(f"profile of {how}, {args.profile} new tokens (prefill included)\n" + prof.key_averages().table(
-                    sort_by="cuda_time_total", row_limit=14, max_name_column_width=60), flush=True)
+            if args.profile:  # where a decode step's time goes: the kernels of --profile steps, prefill left out
+                print(profile_decode_steps(model, inputs, tokenizer.pad_token_id, how, args.profile), flush=True)
             if model.device.type == "cuda":  # what the compiled steps hold: graphs compiled, CUDA-graph pools
                 from torch._dynamo.utils import counters
                 print(json.dumps({"after": how, "allocated_gib": round(torch.cuda.memory_allocated() / 2**30, 1),
