@@ -8,16 +8,15 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 
 
-def static_inputs(dynamo_inputs: int, aot_inputs: int) -> list[int]:
-    """The inputs of the traced step that a CUDA graph may read where they lie: those AOT autograd adds, and those
-    dynamo marks static (the parameters and buffers it lifts into the graph's inputs, and tensors given
-    torch._dynamo.mark_static_address, as transformers' static KV caches are). torch's backend takes only the first:
-    since dynamo lifts every parameter (torch 2.5 on), each replay would copy all the weights into the graph's
+def static_inputs(fixed: int) -> list[int]:
+    """The inputs of the traced step that a CUDA graph may read where they lie: the `fixed` first, which AOT autograd
+    adds, and those dynamo marks static (the parameters and buffers it lifts into the graph's inputs, and tensors
+    given torch._dynamo.mark_static_address, as transformers' static KV caches are). torch's backend takes only the
+    first: since dynamo lifts every parameter (torch 2.5 on), each replay would copy all the weights into the graph's
     memory pool, twice the model's memory and a full read and write of it every token."""
-    fixed = set(range(torch_cudagraphs.num_fw_fixed_arguments(dynamo_inputs, aot_inputs)))
     context = torch._guards.TracingContext.try_get()
     marked = set(context.fw_metadata.static_input_indices) if context and context.fw_metadata else set()
-    return sorted(fixed | marked)
+    return sorted(set(range(fixed)) | marked)
 
 
 def cudagraphs_in_place(dynamo_model: torch.fx.GraphModule, dynamo_inputs: list) -> object:
@@ -28,11 +27,11 @@ def cudagraphs_in_place(dynamo_model: torch.fx.GraphModule, dynamo_inputs: list)
 
     def inference(aot_model: torch.fx.GraphModule, aot_inputs: list):
         step = torch_cudagraphs.boxed_nop(aot_model, aot_inputs)
-        static = static_inputs(len(dynamo_inputs), len(aot_inputs))
+        fixed = torch_cudagraphs.num_fw_fixed_arguments(len(dynamo_inputs), len(aot_inputs))
+        static = static_inputs(fixed)
         counters["cudagraphs_in_place"]["static_inputs"] += len(static)
         counters["cudagraphs_in_place"]["copied_inputs"] += len(aot_inputs) - len(static)
-        if torch_cudagraphs.check_for_skip(
-                aot_model, torch_cudagraphs.num_fw_fixed_arguments(len(dynamo_inputs), len(aot_inputs))):
+        if torch_cudagraphs.check_for_skip(aot_model, fixed):
             counters["cudagraphs_in_place"]["not_recorded"] += 1
             return step
         graph = cudagraphify_impl(
