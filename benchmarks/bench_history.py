@@ -1,6 +1,7 @@
 """Print bench/*.jsonl as tables: one per file, the columns its rows hold, a dash where a row lacks one."""
 import argparse
 import json
+import re
 import signal
 import sys
 from pathlib import Path
@@ -14,9 +15,20 @@ def _what(row: dict) -> str | None:
     if row.get("label") or row.get("stage"):
         return row.get("label") or row.get("stage")
     if "attention" in row:
-        parts = [row["attention"], row.get("cache"), row.get("decode_step")]
+        cache = re.sub(r" \(\S+\.py\)$", "", row.get("cache") or "")  # "WindowCache (window_cache.py)": its file
+        backend = (row.get("backend") or "").split(" (")[0]  # the compile backend's name, without its note
+        parts = [row["attention"], cache, row.get("decode_step"), backend]
         return " ".join(str(part) for part in parts if part)
     return None
+
+
+def _card(row: dict) -> str | None:
+    """The accelerator a row ran on, short: "NVIDIA H100 80GB HBM3" -> "H100"."""
+    device = row.get("device")
+    if not device:
+        return None
+    words = [word for word in str(device).split() if word != "NVIDIA"]
+    return words[0] if words else device
 
 
 def _batch(row: dict) -> str | None:
@@ -35,6 +47,7 @@ COLUMNS = [
     ("commit", "commit"),
     ("call", "call"),
     ("recipe", "recipe"),
+    ("card", _card),
     ("what", _what),
     ("ran", "ran"),
     ("gpus", "gpus"),
@@ -51,6 +64,7 @@ COLUMNS = [
     ("first step s", "first_step_s"),
     ("status", "status"),
     ("source", "source"),
+    ("error", "error"),
 ]
 
 

@@ -64,6 +64,21 @@ def test_recipe_filter_and_extra_keys(tmp_path, capsys):
     assert lines[0].endswith(": 1 rows")
     assert lines[1].split()[-1] == "device" and lines[3].split()[-2:] == ["NVIDIA", "H200"]
     assert "sdpa dynamic" in lines[3] and "gpt-oss-20b" not in "\n".join(lines)
+    assert lines[1].split()[:2] == ["recipe", "card"] and lines[3].split()[:2] == ["qwen2-0.5b", "H200"]
+
+
+def test_a_generation_row_names_its_card_and_compile_backend_and_an_error_row_its_error(tmp_path, capsys):
+    path = write_rows(tmp_path / "generation.jsonl", [
+        {"recipe": "qwen2-0.5b", "attention": "sdpa", "cache": "WindowCache (window_cache.py)",
+         "decode_step": "cudagraphs", "backend": "cudagraphs_in_place (cuda_graphs.py)",
+         "device": "NVIDIA H100 80GB HBM3", "ms_per_step": 21.6},
+        {"recipe": "gpt-oss-20b", "decode_step": "cudagraphs", "error": "CUDA out of memory", "device": "NVIDIA H200"},
+    ])
+    bench_history.main([str(path)])
+    header, _, first, second = capsys.readouterr().out.splitlines()[1:]
+    assert header.split() == ["recipe", "card", "what", "ms/step", "error"]
+    assert first.split()[:6] == ["qwen2-0.5b", "H100", "sdpa", "WindowCache", "cudagraphs", "cudagraphs_in_place"]
+    assert second.split() == ["gpt-oss-20b", "H200", "-", "-", "CUDA", "out", "of", "memory"]
 
 
 def test_long_cells_are_cut_and_nested_values_shown_as_json():
