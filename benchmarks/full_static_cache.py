@@ -28,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch._dynamo.utils import counters
 from transformers import AttentionInterface, StaticCache
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
@@ -242,7 +243,6 @@ def main():
             if args.profile:  # where a decode step's time goes: the kernels of --profile steps, prefill left out
                 print(profile_decode_steps(model, inputs, tokenizer.pad_token_id, how, args.profile), flush=True)
             if model.device.type == "cuda":  # what the compiled steps hold: graphs compiled, CUDA-graph pools
-                from torch._dynamo.utils import counters
                 print(json.dumps({"after": how, "allocated_gib": round(torch.cuda.memory_allocated() / 2**30, 1),
                                   "reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 1),
                                   "dynamo": {k: dict(v) for k, v in counters.items()

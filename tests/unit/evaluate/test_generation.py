@@ -97,10 +97,11 @@ def test_decode_step_chosen(decode_step, device_type, want):
 
 
 def test_the_cache_a_decode_step_runs_on_is_recorded(tiny_gpt_oss):
-    gpt_oss = load_model(tiny_gpt_oss, model_params()).config
-    assert decode_cache("cudagraphs", gpt_oss) == "WindowCache" and decode_cache("eager", gpt_oss) == "dynamic"
+    gpt_oss = load_model(tiny_gpt_oss, model_params())
+    assert decode_cache("cudagraphs", gpt_oss.config) == "WindowCache"
+    assert decode_cache("eager", gpt_oss.config) == "dynamic"
     assert decode_cache("inductor", SimpleNamespace(layer_types=["full_attention"], sliding_window=None)) == "static"
-    assert use_for_generation(load_model(tiny_gpt_oss, model_params()), "cudagraphs")["cache"] == "dynamic"  # CPU
+    assert use_for_generation(gpt_oss, "cudagraphs")["cache"] == "dynamic"  # CPU
 
 
 def test_an_unknown_decode_step_is_refused_by_name():
