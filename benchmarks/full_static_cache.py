@@ -12,12 +12,12 @@ not compiled), cudagraphs and inductor (it, compiled by generate as eval.decode_
 first compiles), window, window-cudagraphs and window-inductor (the same with WindowCache; pad the prompts to at
 least the window, 128 tokens for gpt-oss-20b); <step>-pad<N> pads the prompts to a multiple of N instead of 64
 (other shapes, the same arithmetic); cudagraphs-stock is cudagraphs under torch's own "cudagraphs" backend, which
-copies every weight into the CUDA graph's memory each step; grouped-<step> runs <step> with grouped_sink_attention
-(below) instead of gpt-oss's eager attention. Prompts as benchmarks/generation_speed.py builds them;
-greedy, every row runs --new-tokens. Each step first prints a logit check against the first step: per generated step,
-among the rows whose tokens so far equal the first step's, the largest and mean |logit difference| over the mean
-|logit| and the share of equal top-1 tokens; then its timing, and how many of its rows and tokens equal the first
-step's.
+copies every weight into the CUDA graph's memory each step; repeat-kv-<step> runs <step> with transformers' eager
+attention (repeat_kv's copies of the cache) instead of what evaluate decodes with (sink_attention's). Prompts as
+benchmarks/generation_speed.py builds them; greedy, every row runs --new-tokens. Each step first prints a logit
+check against the first step: per generated step, among the rows whose tokens so far equal the first step's, the
+largest and mean |logit difference| over the mean |logit| and the share of equal top-1 tokens; then its timing, and
+how many of its rows and tokens equal the first step's.
 """
 import argparse
 import copy
@@ -29,8 +29,7 @@ from types import SimpleNamespace
 
 import torch
 from torch._dynamo.utils import counters
-from transformers import AttentionInterface, StaticCache
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers import StaticCache
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 from lora_pipeline.data import builtin as builtin_data  # noqa: E402
@@ -41,30 +40,7 @@ from bench_rows import emit  # noqa: E402  (this folder's)
 from generation_speed import conversations_of  # noqa: E402  (the same prompts)
 
 
-GROUPED = "grouped_sink_eager"
-
-
-def grouped_sink_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """gpt-oss's eager attention (sinks included, inference: no dropout) with the query heads of each key/value head
-    in one matmul, so the keys and values are read where the cache holds them instead of copied once per query head
-    (transformers' repeat_kv: 8 copies of every layer's cache each step for gpt-oss's 64 query and 8 KV heads)."""
-    batch, heads, q_len, dim = query.shape
-    kv_heads = key.shape[1]
-    groups = heads // kv_heads  # query head h reads key/value head h // groups, as repeat_kv lays them out
-    scores = torch.matmul(query.reshape(batch, kv_heads, groups * q_len, dim), key.transpose(2, 3)) * scaling
-    scores = scores.view(batch, kv_heads, groups, q_len, -1)
-    if attention_mask is not None:
-        scores = scores + attention_mask[:, :, None]
-    sinks = module.sinks.reshape(1, kv_heads, groups, 1, 1).expand(batch, -1, -1, q_len, -1)
-    combined = torch.cat([scores, sinks], dim=-1)
-    combined = combined - combined.max(dim=-1, keepdim=True).values
-    weights = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
-    out = torch.matmul(weights.reshape(batch, kv_heads, groups * q_len, -1), value)
-    return out.view(batch, heads, q_len, dim).transpose(1, 2).contiguous(), weights.reshape(batch, heads, q_len, -1)
-
-
-AttentionInterface.register(GROUPED, grouped_sink_attention)
-AttentionMaskInterface.register(GROUPED, eager_mask)
+REPEAT_KV = "eager"  # transformers' gpt-oss eager attention: repeat_kv copies the KV cache once per query head
 
 
 def full_static_cache(model, max_len):
@@ -75,13 +51,13 @@ def full_static_cache(model, max_len):
 
 
 def run(model, inputs, new_tokens, pad_id, how, **extra):
-    if how.startswith("grouped-"):  # the step after it, with grouped_sink_attention
-        eager = model.config._attn_implementation
-        model.set_attn_implementation(GROUPED)
+    if how.startswith("repeat-kv-"):  # the step after it, with transformers' eager attention
+        chosen = model.config._attn_implementation
+        model.set_attn_implementation(REPEAT_KV)
         try:
-            return run(model, inputs, new_tokens, pad_id, how.removeprefix("grouped-"), **extra)
+            return run(model, inputs, new_tokens, pad_id, how.removeprefix("repeat-kv-"), **extra)
         finally:
-            model.set_attn_implementation(eager)
+            model.set_attn_implementation(chosen)
     how = how.split("-pad")[0]
     if how == "eager-halves":  # the same rows in two batches: other GEMM shapes, the same arithmetic
         half = inputs["input_ids"].shape[0] // 2
@@ -215,7 +191,7 @@ def main():
                 emit({"step": how, "logit_check": check}, args.out)
             except Exception as exc:
                 print(json.dumps({"step": how, "logit_check_error": f"{type(exc).__name__}: {exc}"[:1500]}), flush=True)
-            step = how.removeprefix("grouped-").split("-pad")[0]
+            step = how.removeprefix("repeat-kv-").split("-pad")[0]
             compiled = step not in ("eager", "eager-halves", "static", "window")
             for call in range(1, 1 + (args.calls if compiled else 1)):
                 if model.device.type == "cuda":
@@ -235,7 +211,7 @@ def main():
                        "ms_per_step": round(1000 * seconds / new.shape[1], 1),
                        "new_tokens_per_s": round(new.numel() / seconds, 1),
                        "rows_equal_to_first": same_rows, "tokens_equal_to_first": round(same_tokens, 4),
-                       "attention": GROUPED if how.startswith("grouped-") else chosen["attention"],
+                       "attention": REPEAT_KV if how.startswith("repeat-kv-") else chosen["attention"],
                        "experts": chosen["experts"],
                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if model.device.type == "cuda"
                        else None, "device": torch.cuda.get_device_name() if model.device.type == "cuda" else "cpu"}

@@ -33,6 +33,7 @@ from transformers import ContinuousBatchingConfig, GenerationConfig
 from lora_pipeline.config.params import LANGUAGE_NAMES
 from lora_pipeline.data import builtin as builtin_data
 from lora_pipeline.evaluate.generation import generate, use_for_generation
+from lora_pipeline.evaluate import sink_attention
 from lora_pipeline.model.chat import prompt_messages
 from lora_pipeline.model.loading import experts_implementation, load_model, load_tokenizer, set_experts_implementation
 
@@ -71,6 +72,9 @@ def continuous_batching(model, tokenizer, prompts: list[str], max_new_tokens: in
     cb_config = ContinuousBatchingConfig(page_size=CB_PAGE_SIZE, num_blocks=pages, use_cuda_graph=cuda_graphs,
                                          max_batch_tokens=max(batch_tokens, 64 * math.ceil(len(encoded) / 64)),
                                          auto_switch_to_flash=False)
+    chosen = model.config._attn_implementation
+    if chosen == sink_attention.NAME:  # continuous batching pages transformers' own implementations only
+        model.set_attn_implementation("eager")
     ran = set()
     hook = model.register_forward_pre_hook(lambda module, args: ran.add(module.config._attn_implementation))
     # Continuous batching builds its logits processors without a device: the suppressed ids would stay on the CPU
@@ -85,6 +89,8 @@ def continuous_batching(model, tokenizer, prompts: list[str], max_new_tokens: in
     finally:
         hook.remove()
         del model._get_logits_processor
+        if model.config._attn_implementation != chosen:
+            model.set_attn_implementation(chosen)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     seconds = time.perf_counter() - started

@@ -9,6 +9,7 @@ import torch
 from transformers import CompileConfig
 from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
 
+from lora_pipeline.evaluate import sink_attention
 from lora_pipeline.evaluate.cuda_graphs import cudagraphs_in_place
 from lora_pipeline.evaluate.window_cache import WindowCache, sliding_window
 from lora_pipeline.launch.distributed import gather, process_group
@@ -33,10 +34,14 @@ def decoding_implementations(model_type: str, attention: str, experts: str | Non
                              device_type: str = "cuda") -> dict:
     """The attention and experts implementations and the decode step generation runs, given those the model was
     loaded with and the step asked for, and why any differs: the attention of short passes
-    (loading.inference_attention), grouped experts keep their grouped kernels while decoding, and a compiled decode
-    step needs a GPU."""
+    (loading.inference_attention), gpt-oss's eager attention decodes as sink_attention's (the same arithmetic, no
+    copies of the KV cache), grouped experts keep their grouped kernels while decoding, and a compiled decode step
+    needs a GPU."""
     attention, note = inference_attention(model_type, attention)
     notes = [note] if note else []
+    if model_type == "gpt_oss" and attention == "eager":
+        notes.append(f"gpt-oss's eager attention decodes as {sink_attention.NAME} (no copy of the KV cache per head)")
+        attention = sink_attention.NAME
     if experts in ("grouped_mm", "batched_mm"):
         notes.append(f"{experts} experts decode as {GROUPED_FOR_GENERATION} (grouped_mm that generate keeps)")
         experts = GROUPED_FOR_GENERATION

@@ -13,19 +13,20 @@ def test_every_step_runs_and_on_the_cpu_matches_eager_to_the_bit(tmp_path):
     out = tmp_path / "static.jsonl"
     printed = subprocess.run([sys.executable, str(ROOT / "benchmarks/full_static_cache.py"), "--tiny", "--batch", "8",
                               "--new-tokens", "20", "--steps", "eager", "eager-halves", "window", "window-cudagraphs",
-                              "grouped-eager", "grouped-window-cudagraphs",
+                              "repeat-kv-eager", "repeat-kv-window-cudagraphs",
                               "--check-steps", "3", "--calls", "2", "--profile", "3", "--out", str(out)],
                              cwd=tmp_path, env=run_env(), check=True, capture_output=True, text=True).stdout
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     checks = {row["step"]: row["logit_check"] for row in rows if "logit_check" in row}
     timings = [row for row in rows if "call" in row]
-    steps = ["eager", "eager-halves", "window", "window-cudagraphs", "grouped-eager", "grouped-window-cudagraphs"]
+    steps = ["eager", "eager-halves", "window", "window-cudagraphs", "repeat-kv-eager", "repeat-kv-window-cudagraphs"]
     assert list(checks) == steps
     for step in steps[1:]:
         assert [c["step"] for c in checks[step]] == [0, 1, 2], step
         assert all(c["max_rel"] == 0.0 and c["top1_equal"] == 1.0 for c in checks[step]), (step, checks[step])
     assert [row["call"] for row in timings if row["step"] == "window-cudagraphs"] == [1, 2]  # the first compiles
-    assert {row["attention"] for row in timings if row["step"].startswith("grouped-")} == {"grouped_sink_eager"}
+    attentions = {row["step"]: row["attention"] for row in timings}
+    assert attentions == {step: "eager" if step.startswith("repeat-kv-") else "grouped_sink_eager" for step in steps}
     assert all(row["tokens_equal_to_first"] == 1.0 and row["new_tokens"] == 8 * 20 for row in timings), timings
     # one table a step, of exactly the 3 decode steps asked for (one ProfilerStep each), the prefill left out
     tables = printed.split("profile of ")[1:]

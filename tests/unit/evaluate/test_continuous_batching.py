@@ -7,6 +7,7 @@ import pytest
 from conftest import ROOT
 from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
 from lora_pipeline.evaluate.generation import generate_from_prompts
+from lora_pipeline.evaluate import sink_attention
 
 spec = importlib.util.spec_from_file_location("generation_speed", ROOT / "benchmarks" / "generation_speed.py")
 bench = importlib.util.module_from_spec(spec)
@@ -67,4 +68,4 @@ def test_continuous_batching_decodes_the_tokens_generate_decodes(model_and_token
     assert f"t{eos}" not in " ".join(got).split()
     assert stats["attention"] == "paged|eager" and stats["new_tokens"] == NEW_TOKENS * len(PROMPTS)
     assert stats["forwards"] > NEW_TOKENS  # 64 tokens a step: the 139 prompt tokens take more than one step
-    assert model.config._attn_implementation == "eager"  # given back after the call
+    assert model.config._attn_implementation == sink_attention.NAME  # given back after the call

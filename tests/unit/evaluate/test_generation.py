@@ -12,6 +12,7 @@ from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_
 from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_cache, decode_step_options,
                                                decoding_implementations, generate_from_prompts, use_for_generation)
 from lora_pipeline.evaluate.heldout import use_for_loss
+from lora_pipeline.evaluate.sink_attention import NAME as SINKS
 from lora_pipeline.evaluate.window_cache import FullWindowLayer, WindowCache, sliding_window
 from lora_pipeline.model.loading import experts_implementation, load_model, loss_attention
 
@@ -22,9 +23,10 @@ def model_params(attention="eager", experts="eager"):
 
 
 @pytest.mark.parametrize("model_type, attention, experts, want", [
-    ("gpt_oss", "flex_attention", "grouped_mm", ("eager", GROUPED_FOR_GENERATION)),
-    ("gpt_oss", "eager", "batched_mm", ("eager", GROUPED_FOR_GENERATION)),
-    ("gpt_oss", "eager", "eager", ("eager", "eager")),  # asked for: kept
+    ("gpt_oss", "flex_attention", "grouped_mm", (SINKS, GROUPED_FOR_GENERATION)),
+    ("gpt_oss", "eager", "batched_mm", (SINKS, GROUPED_FOR_GENERATION)),
+    ("gpt_oss", "eager", "eager", (SINKS, "eager")),  # eager's arithmetic, the cache read in place
+    ("gpt_oss", "sdpa", "eager", ("sdpa", "eager")),  # asked for: kept
     ("qwen2", "flex_attention", None, ("sdpa", None)),  # decodes faster with sdpa
     ("qwen2", "sdpa", None, ("sdpa", None)),
 ])

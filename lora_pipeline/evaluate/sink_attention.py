@@ -1,0 +1,30 @@
+"""gpt-oss's eager sink attention for decoding, the KV cache read in place, not copied per query head."""
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+NAME = "grouped_sink_eager"
+
+
+def grouped_sink_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """transformers' gpt-oss eager attention (sinks included; inference: no dropout) with the query heads of each
+    key/value head in one matmul, so the keys and values are read where the cache holds them. transformers' repeat_kv
+    copies each layer's cache once per query head every step instead: for gpt-oss-20b's 64 query and 8 KV heads,
+    8 copies of the whole cache."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads  # query head h reads key/value head h // groups, as repeat_kv lays them out
+    scores = torch.matmul(query.reshape(batch, kv_heads, groups * q_len, dim), key.transpose(2, 3)) * scaling
+    scores = scores.view(batch, kv_heads, groups, q_len, -1)
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, None]
+    sinks = module.sinks.reshape(1, kv_heads, groups, 1, 1).expand(batch, -1, -1, q_len, -1)
+    combined = torch.cat([scores, sinks], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    weights = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
+    out = torch.matmul(weights.reshape(batch, kv_heads, groups * q_len, -1), value)
+    return out.view(batch, heads, q_len, dim).transpose(1, 2).contiguous(), weights.reshape(batch, heads, q_len, -1)
+
+
+AttentionInterface.register(NAME, grouped_sink_attention)
+AttentionMaskInterface.register(NAME, eager_mask)

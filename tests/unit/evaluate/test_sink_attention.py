@@ -1,0 +1,55 @@
+"""sink_attention, gpt-oss's decoding attention: transformers' eager arithmetic, each query head with its own sink and
+its own key/value head, without repeat_kv's copies; the GPU check script's comparison (in bfloat16, both against
+float64) on the CPU."""
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+from conftest import ROOT
+from lora_pipeline.evaluate.sink_attention import grouped_sink_attention
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import check_sink_attention  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+def attention_inputs(q_len, k_len, dtype, heads=8, kv_heads=2, batch=3):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, heads, q_len, 16, generator=gen, dtype=dtype)
+    k, v = (torch.randn(batch, kv_heads, k_len, 16, generator=gen, dtype=dtype) for _ in range(2))
+    mask = torch.zeros(batch, 1, q_len, k_len, dtype=dtype)
+    mask[0, ..., :3] = torch.finfo(dtype).min  # a left-padded row
+    module = SimpleNamespace(sinks=torch.linspace(-2, 3, heads, dtype=dtype), num_key_value_groups=heads // kv_heads,
+                             training=False)
+    return module, q, k, v, mask, 16 ** -0.5
+
+
+@pytest.mark.parametrize("q_len, k_len", [(1, 9), (1, 40), (7, 7)])
+def test_it_computes_eagers_attention(q_len, k_len):
+    # float64: the same sums in another order agree to rounding far below any dtype a model runs in
+    inputs = attention_inputs(q_len, k_len, torch.float64)
+    want, want_weights = eager_attention_forward(*inputs)
+    got, got_weights = grouped_sink_attention(*inputs)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_weights, want_weights, rtol=1e-12, atol=1e-12)
+
+
+def test_each_head_keeps_its_own_sink_and_key_value_head():
+    module, q, k, v, mask, scaling = attention_inputs(1, 9, torch.float64)
+    want, _ = eager_attention_forward(module, q, k, v, mask, scaling)
+    swapped = SimpleNamespace(**{**vars(module), "sinks": module.sinks.view(4, 2).t().reshape(-1)})  # interleaved
+    assert not torch.allclose(grouped_sink_attention(swapped, q, k, v, mask, scaling)[0], want)
+    other_kv = torch.cat([k[:, 1:], k[:, :1]], dim=1)  # query heads 0-3 reading key/value head 1
+    assert not torch.allclose(grouped_sink_attention(module, q, other_kv, v, mask, scaling)[0], want)
+
+
+def test_the_gpu_check_passes_on_the_cpu_and_fails_a_wrong_attention(monkeypatch):
+    row = check_sink_attention.check(batch=2, q_len=1, k_len=64, device=torch.device("cpu"))
+    assert row["passed"] and row["bitwise_equal"], row
+    wrong = lambda module, q, k, v, *rest: grouped_sink_attention(module, q, k.flip(2), v, *rest)  # noqa: E731
+    monkeypatch.setattr(check_sink_attention, "grouped_sink_attention", wrong)
+    assert not check_sink_attention.check(batch=2, q_len=1, k_len=64, device=torch.device("cpu"))["passed"]
