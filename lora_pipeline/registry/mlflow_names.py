@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from urllib.parse import urlsplit
 
 from lora_pipeline.config.cache import cached
@@ -53,10 +53,19 @@ def mlflow_name_problems(register) -> list[str]:
     return problems
 
 
+def mlflow_version() -> str:
+    """The installed MLflow's version without importing it: the `mlflow` distribution's, else `mlflow-skinny`'s
+    (the same `mlflow` package without the server and UI)."""
+    try:
+        return version("mlflow")
+    except PackageNotFoundError:
+        return version("mlflow-skinny")
+
+
 def check_mlflow_names(register) -> None:
     """mlflow_name_problems, kept per MLflow version, store kind and names (the aliases too): importing MLflow takes
     most of validate's time, and its verdict on the same names is the same."""
-    asked = [version("mlflow"), _is_file_store(), register.model_name, register.experiment, *ALIASES]
+    asked = [mlflow_version(), _is_file_store(), register.model_name, register.experiment, *ALIASES]
     key = hashlib.sha256(json.dumps(asked).encode()).hexdigest()[:20]
     if problems := cached(f"mlflow-names-{key}.json", lambda: mlflow_name_problems(register)):
         raise ValueError("\n".join(problems))

@@ -53,3 +53,20 @@ def test_the_verdict_is_kept_per_store_kind_and_names(monkeypatch, tmp_path):
     assert len(list((tmp_path / "cache").rglob("mlflow-names-*.json"))) == 1
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     mlflow_names.check_mlflow_names(register(model_name="top 5%"))  # the sqlite store takes it: another key
+
+
+def test_the_verdict_is_kept_where_only_mlflow_skinny_is_installed(monkeypatch, tmp_path):
+    installed = {"mlflow-skinny": "3.17.2"}
+
+    def version(distribution):
+        if distribution not in installed:
+            raise mlflow_names.PackageNotFoundError(distribution)
+        return installed[distribution]
+
+    monkeypatch.setattr(mlflow_names, "version", version)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "mlruns"))  # a file store: it refuses '%'
+    assert mlflow_names.mlflow_version() == "3.17.2"
+    mlflow_names.check_mlflow_names(register(model_name="reasoner"))
+    with pytest.raises(ValueError, match="register.model_name: .*cannot contain '%'"):
+        mlflow_names.check_mlflow_names(register(model_name="top 5%"))
