@@ -17,7 +17,8 @@ attention (repeat_kv's copies of the cache) instead of what evaluate decodes wit
 benchmarks/generation_speed.py builds them; greedy, every row runs --new-tokens. Each step first prints a logit
 check against the first step: per generated step, among the rows whose tokens so far equal the first step's, the
 largest and mean |logit difference| over the mean |logit| and the share of equal top-1 tokens; then its timing, and
-how many of its rows and tokens equal the first step's.
+how many of its rows and tokens equal the first step's. --layer-check: each decoder layer's attention and MLP outputs
+in the prefill against the first step's (steps with its padding), to find where two ways of decoding first part.
 """
 import argparse
 import copy
@@ -125,6 +126,41 @@ def logit_check(model, inputs, pad_id, how, reference, steps):
     return (tokens, out.logits), result
 
 
+def prefill_layers(model, inputs, pad_id, how, rows=32):
+    """Each decoder layer's attention and MLP outputs in the prefill of `how`, at the real (unpadded) tokens of the
+    first `rows` rows, as float32 on the CPU: {(layer, part): tensor}."""
+    real = inputs["attention_mask"][:rows].bool()
+    captured, hooks = {}, []
+
+    def keep(key):
+        def hook(module, args, output):  # one token generated: prefills only (eager-halves runs two)
+            out = output[0] if isinstance(output, tuple) else output
+            captured.setdefault(key, []).append(out[:rows - sum(len(o) for o in captured.get(key, []))].float().cpu())
+        return hook
+
+    for i, layer in enumerate(model.model.layers):
+        hooks += [layer.self_attn.register_forward_hook(keep((i, "attention"))),
+                  layer.mlp.register_forward_hook(keep((i, "mlp")))]
+    try:
+        run(model, inputs, 1, pad_id, how)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {key: torch.cat(parts)[real.cpu()] for key, parts in captured.items()}
+
+
+def layer_check(reference, layers):
+    """Per layer, the mean |difference| of its attention and MLP outputs from the reference's over their mean
+    |value|: where two ways of decoding first part in the prefill (identical inputs give 0.0 at layer 0's attention
+    only if the attention computes the same bits)."""
+    rows = []
+    for (i, part), want in reference.items():
+        got = layers[(i, part)]
+        rows.append({"layer": i, "part": part,
+                     "mean_rel": float(f"{float((got - want).abs().mean() / want.abs().mean()):.3g}")})
+    return rows
+
+
 def profile_decode_steps(model, inputs, pad_id, how, steps):
     """torch.profiler's table of `steps` decode steps, after the prefill and one step left out, by device time (the
     GPU's kernels; on the CPU its ops); of eager-halves, its first half."""
@@ -155,6 +191,8 @@ def main():
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--check-steps", type=int, default=6)
     parser.add_argument("--profile", type=int, default=0, help="then profile this many decode steps of each step")
+    parser.add_argument("--layer-check", action="store_true",
+                        help="each layer's prefill outputs against the first step's (the same padding only)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.tiny:
@@ -181,7 +219,7 @@ def main():
         multiple = int(how.split("-pad")[1]) if "-pad" in how else 64
         return tokenizer.pad({"input_ids": encoded}, pad_to_multiple_of=multiple, return_tensors="pt").to(model.device)
     reference = None
-    logit_reference = None
+    logit_reference = layer_reference = None
     with torch.no_grad():
         for how in args.steps:
             try:
@@ -191,6 +229,14 @@ def main():
                 emit({"step": how, "logit_check": check}, args.out)
             except Exception as exc:
                 print(json.dumps({"step": how, "logit_check_error": f"{type(exc).__name__}: {exc}"[:1500]}), flush=True)
+            if args.layer_check:
+                width = inputs["input_ids"].shape[1]
+                layers = prefill_layers(model, inputs, tokenizer.pad_token_id, how)
+                if layer_reference is None:
+                    layer_reference = (width, layers)
+                elif layer_reference[0] == width:
+                    emit({"step": how, "layer_check": layer_check(layer_reference[1], layers)}, args.out)
+                del layers
             step = how.removeprefix("repeat-kv-").split("-pad")[0]
             compiled = step not in ("eager", "eager-halves", "static", "window")
             for call in range(1, 1 + (args.calls if compiled else 1)):
