@@ -105,18 +105,20 @@ def batches(lengths: list[int], batch_size: int) -> list[list[int]]:
 
 @torch.no_grad()
 def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int,
-                          stats: dict | None = None, decode_step: str = "eager", **sampling) -> list[str]:
+                          stats: dict | None = None, decode_step: str = "eager", compile_on_cpu: bool = False,
+                          **sampling) -> list[str]:
     """Batched generation (left padding) after prompts already rendered with the chat template; returns the new
     text, special tokens kept. In a launch of several processes each takes every n-th batch and all get every text.
     `sampling`: do_sample, temperature, top_p (greedy unless do_sample), or other arguments of transformers'
-    generate. `decode_step`: one of DECODE_STEPS (use_for_generation's choice). A static cache (a compiled step)
-    compiles once per batch shape, so its prompts are padded to a multiple of PAD_MULTIPLE tokens; a model with
-    sliding-window layers decodes into a WindowCache, its prompts padded to at least the window. `stats`, if given,
-    accumulates this process's new tokens, decode steps and seconds."""
+    generate. `decode_step`: one of DECODE_STEPS (use_for_generation's choice; `compile_on_cpu` as in
+    decode_step_options), on the cache decode_cache names. A static cache (a compiled step) compiles once per batch
+    shape, so its prompts are padded to a multiple of PAD_MULTIPLE tokens; a WindowCache's, to at least the window.
+    `stats`, if given, accumulates this process's new tokens, decode steps and seconds."""
     tokenizer.padding_side = "left"
-    sampling |= decode_step_options(decode_step)
-    static = sampling.get("cache_implementation") == "static"
-    window = sliding_window(model.config) if static else None
+    sampling |= decode_step_options(decode_step, compile_on_cpu)
+    cache = decode_cache(decode_step, model.config)
+    static = cache != "dynamic"
+    window = sliding_window(model.config) if cache == "WindowCache" else None
     rank, world = process_group()
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     mine = []

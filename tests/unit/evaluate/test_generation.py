@@ -9,8 +9,8 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticSlidingWindowLayer
 
 from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
-from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_cache, decode_step_options,
-                                               decoding_implementations, generate_from_prompts, use_for_generation)
+from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_cache, decoding_implementations,
+                                               generate_from_prompts, use_for_generation)
 from lora_pipeline.evaluate.heldout import use_for_loss
 from lora_pipeline.evaluate.sink_attention import NAME as SINKS
 from lora_pipeline.evaluate.window_cache import FullWindowLayer, WindowCache, sliding_window
@@ -131,7 +131,7 @@ def test_the_compiled_static_cache_step_decodes_as_the_eager_one(tmp_path):
     torch._dynamo.reset()
     counters.clear()
     compiled = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=12, batch_size=4, min_new_tokens=12,
-                                     **decode_step_options("cudagraphs", compile_on_cpu=True))
+                                     decode_step="cudagraphs", compile_on_cpu=True)
     assert compiled == eager
     assert all(len(t.split()) == 12 for t in eager)
     # The step reads every weight and the static cache's keys and values where they lie: a CUDA graph copies only
@@ -154,7 +154,7 @@ def test_the_compiled_step_of_sliding_window_layers_decodes_as_the_eager_one_in_
     torch._dynamo.reset()
     counters.clear()
     compiled = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=40, batch_size=5, min_new_tokens=40,
-                                     **decode_step_options("cudagraphs", compile_on_cpu=True))
+                                     decode_step="cudagraphs", compile_on_cpu=True)
     assert compiled == eager
     assert counters["stats"]["unique_graphs"] == 1
     assert all(len(t.split()) == 40 for t in eager)
