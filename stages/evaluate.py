@@ -23,7 +23,7 @@ from lora_pipeline.evaluate.heldout import heldout_loss, use_for_loss
 from lora_pipeline.evaluate.report import plot_report, write_compliance
 from lora_pipeline.evaluate.scoring import (answer_correct, asks_reasoning_language, detect_language, eval_figures,
                                             read_mgsm)
-from lora_pipeline.launch.distributed import launch_state
+from lora_pipeline.launch.distributed import launch_state, process_group
 from lora_pipeline.model.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.model.loading import load_model, load_tokenizer
 
@@ -51,11 +51,18 @@ def row_prompt(row) -> list[dict]:
     return messages[:max(i for i, m in enumerate(messages) if m["role"] == "assistant")]
 
 
+def progress(line: str) -> None:
+    """A line of where the stage is, from the first process only: its passes run for minutes on a large model."""
+    if process_group()[0] == 0:
+        print(f"evaluate: {line}", flush=True)
+
+
 def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     """Every measure for one model (the `eval` params `ev`; held-out conversations for the loss, test rows to ask);
     returns (metrics, generation records, {"timings", "implementations"} of what ran)."""
     started = time.perf_counter()
     implementations = {"loss": use_for_loss(model)}
+    progress(f"held-out loss over {len(heldout)} rows ({implementations['loss']['attention']} attention)")
     loss = heldout_loss(model, tokenizer, heldout, max_length=2048, batch_size=ev.batch_size)
     timings = {"loss_seconds": time.perf_counter() - started}
     implementations["generation"] = use_for_generation(model, ev.decode_step)
@@ -70,6 +77,10 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     conversations += [prompt_messages(r["question"], LANGUAGE_NAMES[lang]) for lang, rows in mgsm.items() for r in rows]
     conversations.append(DEMO)
     stats = {}
+    chosen = implementations["generation"]
+    progress(f"loss {loss['loss']:.4f} in {timings['loss_seconds']:.1f} s; generating answers to {len(conversations)} prompts, "
+             f"up to {ev.max_new_tokens} new tokens each ({chosen['attention']} attention, {chosen['decode_step']} "
+             "decode step)")
     outputs = iter(generate(model, tokenizer, conversations, ev.max_new_tokens, ev.batch_size, ev.do_sample, stats,
                             implementations["generation"]["decode_step"]))
     timings["generation"] = stats | {"new_tokens_per_s": stats.get("new_tokens", 0) / max(stats.get("seconds", 0), 1e-9),

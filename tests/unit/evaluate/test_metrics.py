@@ -97,8 +97,9 @@ def test_the_gate_figures_are_those_evaluate_writes(monkeypatch):
     ev = Eval.model_validate({**yaml.safe_load((ROOT / "params.yaml").read_text())["eval"],
                               "mgsm": {"path": "hub", "languages": ["de", "fr"], "limit": 2}})
     monkeypatch.setattr(evaluate, "heldout_loss", lambda *args, **kwargs: loss_figures(1.0, 4))
-    monkeypatch.setattr(evaluate, "use_for_loss", lambda model: {})
-    monkeypatch.setattr(evaluate, "use_for_generation", lambda model, decode_step: {"decode_step": decode_step})
+    monkeypatch.setattr(evaluate, "use_for_loss", lambda model: {"attention": "sdpa"})
+    monkeypatch.setattr(evaluate, "use_for_generation",
+                        lambda model, decode_step: {"attention": "sdpa", "decode_step": decode_step})
     monkeypatch.setattr(evaluate, "read_mgsm", lambda path, lang, limit: [{"question": "2+5?", "answer": 7.0}] * limit)
     monkeypatch.setattr(evaluate, "generate", lambda model, tokenizer, conversations, *args: ["7"] * len(conversations))
     monkeypatch.setattr(evaluate, "detect_language", lambda text: "en")
@@ -117,8 +118,9 @@ def test_compliance_is_not_applicable_where_no_row_asks_for_a_reasoning_language
     ev = Eval.model_validate(yaml.safe_load((ROOT / "params.yaml").read_text())["eval"])
     asked = []
     monkeypatch.setattr(evaluate, "heldout_loss", lambda *args, **kwargs: loss_figures(1.0, 4))
-    monkeypatch.setattr(evaluate, "use_for_loss", lambda model: {})
-    monkeypatch.setattr(evaluate, "use_for_generation", lambda model, decode_step: {"decode_step": decode_step})
+    monkeypatch.setattr(evaluate, "use_for_loss", lambda model: {"attention": "sdpa"})
+    monkeypatch.setattr(evaluate, "use_for_generation",
+                        lambda model, decode_step: {"attention": "sdpa", "decode_step": decode_step})
     monkeypatch.setattr(evaluate, "generate", lambda model, tok, conversations, *args: asked.extend(conversations)
                         or ["4"] * len(conversations))
     monkeypatch.setattr(evaluate, "detect_language", lambda text: "en")
