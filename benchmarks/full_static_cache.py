@@ -51,6 +51,12 @@ def full_static_cache(model, max_len):
     return StaticCache(config=config, max_cache_len=max_len)
 
 
+def base_step(how: str) -> str:
+    """A step's name without its attention prefix and padding suffix: repeat-kv-window-cudagraphs-pad128 ->
+    window-cudagraphs."""
+    return how.removeprefix("repeat-kv-").split("-pad")[0]
+
+
 def run(model, inputs, new_tokens, pad_id, how, **extra):
     if how.startswith("repeat-kv-"):  # the step after it, with transformers' eager attention
         chosen = model.config._attn_implementation
@@ -59,7 +65,7 @@ def run(model, inputs, new_tokens, pad_id, how, **extra):
             return run(model, inputs, new_tokens, pad_id, how.removeprefix("repeat-kv-"), **extra)
         finally:
             model.set_attn_implementation(chosen)
-    how = how.split("-pad")[0]
+    how = base_step(how)
     if how == "eager-halves":  # the same rows in two batches: other GEMM shapes, the same arithmetic
         half = inputs["input_ids"].shape[0] // 2
         parts = [run(model, {k: v[rows] for k, v in inputs.items()}, new_tokens, pad_id, "eager", **extra)
@@ -135,7 +141,7 @@ def prefill_layers(model, inputs, pad_id, how, rows=32):
     def keep(key):
         def hook(module, args, output):  # one token generated: prefills only (eager-halves runs two)
             out = output[0] if isinstance(output, tuple) else output
-            captured.setdefault(key, []).append(out[:rows - sum(len(o) for o in captured.get(key, []))].float().cpu())
+            captured.setdefault(key, []).append(out[:rows].float().cpu())
         return hook
 
     for i, layer in enumerate(model.model.layers):
@@ -146,7 +152,7 @@ def prefill_layers(model, inputs, pad_id, how, rows=32):
     finally:
         for hook in hooks:
             hook.remove()
-    return {key: torch.cat(parts)[real.cpu()] for key, parts in captured.items()}
+    return {key: torch.cat(parts)[:rows][real.cpu()] for key, parts in captured.items()}
 
 
 def layer_check(reference, layers):
@@ -237,8 +243,7 @@ def main():
                 elif layer_reference[0] == width:
                     emit({"step": how, "layer_check": layer_check(layer_reference[1], layers)}, args.out)
                 del layers
-            step = how.removeprefix("repeat-kv-").split("-pad")[0]
-            compiled = step not in ("eager", "eager-halves", "static", "window")
+            compiled = base_step(how) not in ("eager", "eager-halves", "static", "window")
             for call in range(1, 1 + (args.calls if compiled else 1)):
                 if model.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()

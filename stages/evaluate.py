@@ -78,11 +78,11 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
     conversations.append(DEMO)
     stats = {}
     chosen = implementations["generation"]
-    progress(f"loss {loss['loss']:.4f} in {timings['loss_seconds']:.1f} s; generating answers to {len(conversations)} prompts, "
-             f"up to {ev.max_new_tokens} new tokens each ({chosen['attention']} attention, {chosen['decode_step']} "
-             "decode step)")
+    progress(f"loss {loss['loss']:.4f} in {timings['loss_seconds']:.1f} s; generating answers to "
+             f"{len(conversations)} prompts, up to {ev.max_new_tokens} new tokens each ({chosen['attention']} "
+             f"attention, {chosen['decode_step']} decode step)")
     outputs = iter(generate(model, tokenizer, conversations, ev.max_new_tokens, ev.batch_size, ev.do_sample, stats,
-                            implementations["generation"]["decode_step"]))
+                            chosen["decode_step"]))
     timings["generation"] = stats | {"new_tokens_per_s": stats.get("new_tokens", 0) / max(stats.get("seconds", 0), 1e-9),
                                      "ms_per_step": 1000 * stats.get("seconds", 0) / max(stats.get("decode_steps", 0), 1)}
 
