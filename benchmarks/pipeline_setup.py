@@ -215,7 +215,8 @@ def build_data(recipe: str, path: Path, rows: int | None = None, seed: int = 0) 
 def compose_params(recipe: str, repo: Path, model_dir: Path | None, data_name: str | None, mgsm: str | None,
                    accelerate: str | None, sets: list[str] = ()) -> dict:
     """params.yaml of `repo` with the recipe applied (cli.recipes), the stand-ins, one accelerate config
-    for every stage that launches (single_gpu unless `accelerate` names another) and `sets` (KEY=VALUE); validated.
+    for every stage that launches (single_gpu unless `accelerate` names another; eval.batch_size scaled so that the
+    fewer processes evaluate the recipe's batches at once) and `sets` (KEY=VALUE); validated.
     "default" is params.yaml as it is, with only an explicit accelerate config and sets."""
     from cli.recipes import apply_sets, compose
 
@@ -227,13 +228,23 @@ def compose_params(recipe: str, repo: Path, model_dir: Path | None, data_name: s
         accelerate = accelerate or "single_gpu"
     for section in ("train", "eval"):
         if accelerate and "accelerate_config" in params[section]:
+            recipe_processes = processes(repo, params[section]["accelerate_config"])
             name = params[section]["accelerate_config"] = accelerate
             if not (repo / "configs" / "accelerate" / f"{name}.yaml").is_file():
                 raise SetupError(f"{section}.accelerate_config: no configs/accelerate/{name}.yaml (PIPELINE_ACCELERATE "
                                  "names one of configs/accelerate/)")
+            if section == "eval":  # the recipe's batches, all on fewer processes: e.g. 8 x 40 prompts, one GPU 320
+                params["eval"]["batch_size"] *= recipe_processes
+                params["eval"]["batch_size"] //= processes(repo, name)
     apply_sets(params, list(sets))
     validate(params, source=f"params.yaml with recipes/{recipe}.yaml and the stand-ins")
     return params
+
+
+def processes(repo: Path, accelerate_config: str) -> int:
+    """num_processes of configs/accelerate/<accelerate_config>.yaml (1 where it names none or the file is missing)."""
+    path = repo / "configs" / "accelerate" / f"{accelerate_config}.yaml"
+    return int((yaml.safe_load(path.read_text()) or {}).get("num_processes", 1)) if path.is_file() else 1
 
 
 def mgsm_folder(value: str) -> str | None:

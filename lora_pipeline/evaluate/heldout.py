@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from lora_pipeline.evaluate import sink_attention
 from lora_pipeline.evaluate.generation import batches
 from lora_pipeline.evaluate.scoring import loss_figures
 from lora_pipeline.launch.distributed import gather, process_group
-from lora_pipeline.model.loading import experts_implementation, loss_attention
+from lora_pipeline.model.loading import experts_implementation
+from lora_pipeline.model.varlen_attention import NAME as VARLEN
 
 
 def assistant_mask(tokenizer, messages: list[dict] | str, max_length: int) -> tuple[list[int], list[int]]:
@@ -25,30 +27,65 @@ def assistant_mask(tokenizer, messages: list[dict] | str, max_length: int) -> tu
     return ids, mask
 
 
+def loss_attention(model_type: str, attention: str) -> tuple[str, str | None]:
+    """The attention implementation for evaluation's held-out loss (whole padded rows, no gradients), and why it
+    differs from the loaded one. Flex attention compiles for each padded width, and its compile was most of the loss's
+    time on a fresh machine (docs/evaluation.md), while the rows are padded, not packed, so its block mask saves
+    nothing there: gpt-oss runs eager attention (it has no sdpa, for its sinks), other models sdpa. torch_varlen
+    takes padding-free rows only: sdpa."""
+    if attention == VARLEN:
+        return "sdpa", f"{VARLEN} takes padding-free rows only: sdpa"
+    if attention != "flex_attention":
+        return attention, None
+    if model_type == "gpt_oss":
+        return "eager", "flex attention compiles for each padded width, eager needs no compiling (gpt-oss has no sdpa)"
+    return "sdpa", "flex attention compiles for each padded width, sdpa needs no compiling: sdpa"
+
+
 def use_for_loss(model) -> dict:
-    """Switch a loaded model to the attention the held-out loss runs (loading.loss_attention); returns what runs."""
+    """Switch a loaded model to the attention the held-out loss runs (loss_attention; gpt-oss's eager as
+    sink_attention's, the same arithmetic without copies of the keys and values per head); returns what runs."""
     attention, note = loss_attention(model.config.model_type, model.config._attn_implementation)
+    notes = [note] if note else []
+    if model.config.model_type == "gpt_oss" and attention == "eager":
+        notes.append(f"gpt-oss's eager attention runs as {sink_attention.NAME} (no copy of the keys and values "
+                     "per head)")
+        attention = sink_attention.NAME
     if attention != model.config._attn_implementation:
         model.set_attn_implementation(attention)
-    return {"attention": attention, "experts": experts_implementation(model), "notes": [note] if note else []}
+    return {"attention": attention, "experts": experts_implementation(model), "notes": notes}
 
 
 # Logits held at once while computing the held-out loss (positions x vocabulary, float32): a 201k vocabulary makes a
 # whole batch of 2,048-token rows tens of GiB.
 LOGITS_AT_ONCE = 2**28
+# Attention scores held at once by an attention that computes them all (rows x heads x width x width): gpt-oss-20b's
+# 64 heads make one 2,048-token row 2**28 scores, 0.5 GiB in bfloat16, and eager attention holds a few such tensors.
+SCORES_AT_ONCE = 2**31
+SCORING_ATTENTIONS = ("eager", sink_attention.NAME)
+
+
+def rows_at_once(model, lengths: list[int], batch_size: int) -> int:
+    """Rows in one batch of the loss: batch_size, fewer where the attention computes every score (eager), so that
+    a batch of the longest rows holds at most SCORES_AT_ONCE of them."""
+    if model.config._attn_implementation not in SCORING_ATTENTIONS or not lengths:
+        return batch_size
+    longest = max(lengths)
+    return max(1, min(batch_size, SCORES_AT_ONCE // (model.config.num_attention_heads * longest * longest)))
 
 
 @torch.no_grad()
 def heldout_loss(model, tokenizer, conversations: list[list[dict]], max_length: int, batch_size: int) -> dict:
     """Mean next-token loss over the assistant tokens of held-out conversations, and its perplexity. Rows go through
-    the model in batches of similar length (generation.batches); the LM head runs only on the positions that predict
-    an assistant token, as many at a time as LOGITS_AT_ONCE allows. In a launch of several processes each takes
-    every n-th batch and the sums are added in batch order, as one process adds them."""
+    the model in batches of similar length (generation.batches, rows_at_once rows each); the LM head runs only on the
+    positions that predict an assistant token, as many at a time as LOGITS_AT_ONCE allows. In a launch of several
+    processes each takes every n-th batch and the sums are added in batch order, as one process adds them."""
     rank, world = process_group()
     encoded = [assistant_mask(tokenizer, c, max_length) for c in conversations]
     positions_at_once = max(1, LOGITS_AT_ONCE // model.config.vocab_size)
     sums = []
-    for index, batch in list(enumerate(batches([len(ids) for ids, _ in encoded], batch_size)))[rank::world]:
+    lengths = [len(ids) for ids, _ in encoded]
+    for index, batch in list(enumerate(batches(lengths, rows_at_once(model, lengths, batch_size))))[rank::world]:
         chunk = [encoded[i] for i in batch]
         width = max(len(ids) for ids, _ in chunk)
         pad = tokenizer.pad_token_id

@@ -70,19 +70,6 @@ def inference_attention(model_type: str, attention: str) -> tuple[str, str | Non
     return "sdpa", "flex attention decodes slower than sdpa: sdpa"
 
 
-def loss_attention(model_type: str, attention: str) -> tuple[str, str | None]:
-    """The attention implementation for evaluation's held-out loss (whole padded rows, no gradients), and why it
-    differs from the loaded one. gpt-oss keeps flex attention (its sinks; it compiles for these long passes); other
-    models run sdpa, which compiles nothing: the rows are padded, not packed, so flex attention's block mask saves
-    nothing there, and its compile is most of the loss's time on a fresh machine (docs/evaluation.md). torch_varlen
-    takes padding-free rows only: sdpa."""
-    if attention == VARLEN:
-        return "sdpa", f"{VARLEN} takes padding-free rows only: sdpa"
-    if attention != "flex_attention" or model_type == "gpt_oss":
-        return attention, None
-    return "sdpa", "flex attention compiles for each padded width, sdpa needs no compiling: sdpa"
-
-
 def quantization_config(quantization, dtype: str):
     """The transformers quantization config for quantization.method (None: load the weights as they are)."""
     from transformers import BitsAndBytesConfig, Mxfp4Config

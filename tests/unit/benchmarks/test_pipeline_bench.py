@@ -96,6 +96,15 @@ def test_params_are_the_recipe_over_the_stand_ins(stand_in):
     assert params["eval"]["mgsm"]["path"] in ("", str(MGSM))
 
 
+@pytest.mark.parametrize("accelerate, batch_size", [(None, 320), ("multi_gpu", 40), ("multi_gpu_2", 160)])
+def test_fewer_processes_evaluate_the_recipes_batches_at_once(tmp_path, accelerate, batch_size):
+    # recipes/gpt-oss-20b.yaml: eval.batch_size 40 on multi_gpu's 8 processes; one GPU evaluates those 320 at once
+    assert yaml.safe_load((ROOT / "recipes" / "gpt-oss-20b.yaml").read_text())["eval.batch_size"] == 40
+    params = setup.compose_params("gpt-oss-20b", ROOT, tmp_path, "data/local/x.jsonl", None, accelerate)
+    assert params["eval"]["batch_size"] == batch_size
+    assert params["eval"]["accelerate_config"] == (accelerate or "single_gpu")
+
+
 def test_params_errors_name_the_key(tmp_path):
     with pytest.raises(setup.SetupError, match="train.accelerate_config: no configs/accelerate/eight_gpus.yaml"):
         setup.compose_params("qwen2-0.5b", ROOT, tmp_path, "data/local/x.jsonl", None, "eight_gpus")

@@ -11,10 +11,10 @@ from transformers.cache_utils import StaticSlidingWindowLayer
 from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
 from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_cache, decoding_implementations,
                                                generate_from_prompts, use_for_generation)
-from lora_pipeline.evaluate.heldout import use_for_loss
+from lora_pipeline.evaluate.heldout import heldout_loss, loss_attention, use_for_loss
 from lora_pipeline.evaluate.sink_attention import NAME as SINKS
 from lora_pipeline.evaluate.window_cache import FullWindowLayer, WindowCache, sliding_window
-from lora_pipeline.model.loading import experts_implementation, load_model, loss_attention
+from lora_pipeline.model.loading import experts_implementation, load_model
 
 
 def model_params(attention="eager", experts="eager"):
@@ -37,7 +37,7 @@ def test_decoding_implementations(model_type, attention, experts, want):
 
 
 @pytest.mark.parametrize("model_type, attention, want", [
-    ("gpt_oss", "flex_attention", "flex_attention"),  # the sinks: flex attention compiles for whole rows
+    ("gpt_oss", "flex_attention", "eager"),  # padded rows: nothing for a block mask to skip; no sdpa (the sinks)
     ("qwen2", "flex_attention", "sdpa"),  # padded rows: nothing for a block mask to skip, nothing to compile
     ("qwen2", "eager", "eager"),
 ])
@@ -76,8 +76,15 @@ def test_generation_with_grouped_experts_decodes_as_the_expert_loop(tiny_gpt_oss
 
 
 def test_use_for_loss_switches_the_model_and_says_what_runs(tiny_gpt_oss):
-    model = load_model(tiny_gpt_oss, model_params(experts="grouped_mm"))
-    assert use_for_loss(model) == {"attention": "eager", "experts": "grouped_mm", "notes": []}
+    tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
+    rows = [" ".join(f"t{(7 * i + 3 * j) % 500 + 3}" for j in range(n)) for i, n in enumerate([50, 170, 9, 33])]
+    model = load_model(tiny_gpt_oss, model_params(experts="grouped_mm")).eval()
+    eager = heldout_loss(model, tokenizer, rows, max_length=2048, batch_size=3)
+    chosen = use_for_loss(model)
+    assert (chosen["attention"], chosen["experts"]) == (SINKS, "grouped_mm") == (
+        model.config._attn_implementation, experts_implementation(model))
+    assert chosen["notes"] == [f"gpt-oss's eager attention runs as {SINKS} (no copy of the keys and values per head)"]
+    assert heldout_loss(model, tokenizer, rows, max_length=2048, batch_size=3) == eager  # eager's arithmetic
 
 
 def test_batches_are_length_sorted_and_the_same_for_any_process_count():

@@ -6,6 +6,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from helpers import word_tokenizer
 from lora_pipeline.evaluate import heldout
+from lora_pipeline.evaluate.generation import batches
 from lora_pipeline.evaluate.heldout import assistant_mask, heldout_loss
 
 VOCAB = 64
@@ -63,3 +64,23 @@ def test_heldout_loss_cuts_rows_at_max_length(model_and_tokenizer):
     got = heldout_loss(model, tokenizer, rows, max_length=8, batch_size=4)
     assert got["tokens"] == count < reference_loss(model, tokenizer, rows, 2048)[1]
     assert got["loss"] == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("rows_that_fit", [1, 2])
+def test_an_attention_that_holds_every_score_takes_fewer_rows_at_once(model_and_tokenizer, monkeypatch, attention,
+                                                                      rows_that_fit):
+    model, tokenizer = model_and_tokenizer
+    rows = conversations()
+    longest = max(len(assistant_mask(tokenizer, r, 2048)[0]) for r in rows)
+    monkeypatch.setattr(heldout, "SCORES_AT_ONCE", rows_that_fit * 4 * longest * longest)  # the model's 4 heads
+    sizes = []
+    monkeypatch.setattr(heldout, "batches", lambda lengths, size: sizes.append(size) or batches(lengths, size))
+    loaded = model.config._attn_implementation
+    model.set_attn_implementation(attention)
+    try:
+        got = heldout_loss(model, tokenizer, rows, max_length=2048, batch_size=3)
+    finally:
+        model.set_attn_implementation(loaded)
+    assert sizes == [rows_that_fit if attention == "eager" else 3]
+    assert got["loss"] == pytest.approx(reference_loss(model, tokenizer, rows, 2048)[0], rel=1e-5)

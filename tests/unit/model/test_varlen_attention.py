@@ -9,7 +9,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from lora_pipeline.model import varlen_attention
-from lora_pipeline.model.loading import inference_attention, loss_attention, runnable_implementations
+from lora_pipeline.evaluate.heldout import loss_attention
+from lora_pipeline.model.loading import inference_attention, runnable_implementations
 
 
 def test_packed_rows_attend_within_their_own_sequence(monkeypatch):
