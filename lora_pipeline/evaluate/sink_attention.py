@@ -6,11 +6,30 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 NAME = "grouped_sink_eager"
 
 
+# Scores computed at once (rows x heads x queries x keys): a prefill into a static cache attends over the whole cache
+# length, and 301 rows of gpt-oss-20b (64 heads) ran an 80 GB GPU out of memory in one piece; bigger passes go in
+# chunks of queries.
+SCORES_AT_ONCE = 2**30
+
+
 def grouped_sink_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """transformers' gpt-oss eager attention (sinks included; inference: no dropout) with the query heads of each
     key/value head in one matmul, so the keys and values are read where the cache holds them. transformers' repeat_kv
     copies each layer's cache once per query head every step instead: for gpt-oss-20b's 64 query and 8 KV heads,
-    8 copies of the whole cache."""
+    8 copies of the whole cache. A pass of more than SCORES_AT_ONCE scores runs in chunks of queries and returns no
+    weights (as sdpa returns none): returning them would hold every score at once again."""
+    batch, heads, q_len, _ = query.shape
+    chunk = max(1, SCORES_AT_ONCE // (batch * heads * key.shape[2]))
+    if q_len <= chunk:
+        return attend(module, query, key, value, attention_mask, scaling)
+    outputs = [attend(module, query[:, :, start:start + chunk], key, value,
+                      None if attention_mask is None else attention_mask[:, :, start:start + chunk], scaling)[0]
+               for start in range(0, q_len, chunk)]
+    return torch.cat(outputs, dim=1), None
+
+
+def attend(module, query, key, value, attention_mask, scaling):
+    """The attention of grouped_sink_attention for all of `query` at once: (output, weights)."""
     batch, heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads  # query head h reads key/value head h // groups, as repeat_kv lays them out

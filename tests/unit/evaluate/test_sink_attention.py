@@ -9,6 +9,7 @@ import torch
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
 from conftest import ROOT
+from lora_pipeline.evaluate import sink_attention
 from lora_pipeline.evaluate.sink_attention import grouped_sink_attention
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -36,6 +37,17 @@ def test_it_computes_eagers_attention(q_len, k_len):
     got, got_weights = grouped_sink_attention(*inputs)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got_weights, want_weights, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("queries_at_once", [1, 3, 6])
+def test_a_pass_of_more_scores_than_fit_runs_in_chunks_of_queries(monkeypatch, dtype, queries_at_once):
+    inputs = attention_inputs(7, 7, dtype)
+    whole, _ = grouped_sink_attention(*inputs)
+    monkeypatch.setattr(sink_attention, "SCORES_AT_ONCE", 3 * 8 * 7 * queries_at_once)  # rows x heads x keys x queries
+    chunked, weights = grouped_sink_attention(*inputs)
+    assert weights is None
+    assert torch.equal(chunked, whole)  # each query's row of scores is computed as in one piece
 
 
 def test_each_head_keeps_its_own_sink_and_key_value_head():
