@@ -3,7 +3,9 @@
 Both run in bfloat16 at gpt-oss-20b's shapes (64 query heads, 8 KV heads, head dim 64) on left-padded rows, and are
 compared with the same arithmetic in float64: the grouped attention passes where its error is no larger than
 eager's own (mean and max, within 25 %), so that a difference between the two is bfloat16 rounding, not a bug.
-Also times one layer's attention of each (CUDA events; on the CPU, wall time).
+A prefill of more scores than sink_attention.SCORES_AT_ONCE runs in chunks of queries: the last row forces chunks at
+the prefill's shape (its queries_at_once). Also times one layer's attention of each (CUDA events; on the CPU, wall
+time).
     python benchmarks/check_sink_attention.py [--batch 301] [--out rows.jsonl]
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lora_pipeline.evaluate import sink_attention  # noqa: E402
 from lora_pipeline.evaluate.sink_attention import grouped_sink_attention  # noqa: E402
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward  # noqa: E402
 
@@ -64,19 +67,28 @@ def seconds_per_call(fn, device, repeat=20):
     return (time.perf_counter() - begin) / repeat
 
 
-def check(batch, q_len, k_len, device):
+def check(batch, q_len, k_len, device, queries_at_once=None):
+    """One shape's row; queries_at_once: the grouped attention in chunks of that many queries."""
     tensors = inputs(batch, q_len, k_len, device)
     reference = attend("eager", *tensors, torch.float64)
     scale = reference.abs().mean().item()
     row = {"batch": batch, "q_len": q_len, "k_len": k_len, "device": torch.cuda.get_device_name()
            if device.type == "cuda" else "cpu"}
+    scores_at_once = sink_attention.SCORES_AT_ONCE
+    if queries_at_once:
+        row["queries_at_once"] = queries_at_once
+        sink_attention.SCORES_AT_ONCE = batch * HEADS * k_len * queries_at_once
     got = {}
-    for how in ("eager", "grouped"):
-        got[how] = attend(how, *tensors, torch.bfloat16)
-        error = (got[how].double() - reference).abs()
-        row[how] = {"mean_rel_error": round(error.mean().item() / scale, 6),
-                    "max_rel_error": round(error.max().item() / scale, 5),
-                    "ms": round(1000 * seconds_per_call(lambda h=how: attend(h, *tensors, torch.bfloat16), device), 3)}
+    try:
+        for how in ("eager", "grouped"):
+            got[how] = attend(how, *tensors, torch.bfloat16)
+            error = (got[how].double() - reference).abs()
+            row[how] = {"mean_rel_error": round(error.mean().item() / scale, 6),
+                        "max_rel_error": round(error.max().item() / scale, 5),
+                        "ms": round(1000 * seconds_per_call(lambda h=how: attend(h, *tensors, torch.bfloat16), device),
+                                    3)}
+    finally:
+        sink_attention.SCORES_AT_ONCE = scores_at_once
     row["bitwise_equal"] = bool(torch.equal(got["eager"], got["grouped"]))
     row["passed"] = all(row["grouped"][key] <= TOLERANCE * row["eager"][key] + 1e-6
                         for key in ("mean_rel_error", "max_rel_error"))
@@ -89,9 +101,10 @@ def main():
     parser.add_argument("--out")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # decode steps at three cache lengths (the window layers' 128 among them), then a 128-token prefill
-    shapes = [(1, 128), (1, 384), (1, 640), (128, 128)]
-    rows = [check(args.batch, q_len, k_len, device) for q_len, k_len in shapes]
+    # decode steps at three cache lengths (the window layers' 128 among them), then a 128-token prefill, whole and in
+    # chunks of 48 queries
+    shapes = [(1, 128, None), (1, 384, None), (1, 640, None), (128, 128, None), (128, 128, 48)]
+    rows = [check(args.batch, q_len, k_len, device, chunk) for q_len, k_len, chunk in shapes]
     for row in rows:
         print(json.dumps(row), flush=True)
         if args.out:

@@ -62,6 +62,9 @@ def test_each_head_keeps_its_own_sink_and_key_value_head():
 def test_the_gpu_check_passes_on_the_cpu_and_fails_a_wrong_attention(monkeypatch):
     row = check_sink_attention.check(batch=2, q_len=1, k_len=64, device=torch.device("cpu"))
     assert row["passed"] and row["bitwise_equal"], row
+    chunked = check_sink_attention.check(batch=2, q_len=16, k_len=16, device=torch.device("cpu"), queries_at_once=5)
+    assert chunked["passed"] and chunked["queries_at_once"] == 5, chunked
+    assert sink_attention.SCORES_AT_ONCE == 2**30  # set back
     wrong = lambda module, q, k, v, *rest: grouped_sink_attention(module, q, k.flip(2), v, *rest)  # noqa: E731
     monkeypatch.setattr(check_sink_attention, "grouped_sink_attention", wrong)
     assert not check_sink_attention.check(batch=2, q_len=1, k_len=64, device=torch.device("cpu"))["passed"]
