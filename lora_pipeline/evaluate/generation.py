@@ -33,15 +33,13 @@ DECODE_STEPS = ("eager", "cudagraphs", "inductor")
 def decoding_implementations(model_type: str, attention: str, experts: str | None, decode_step: str = "eager",
                              device_type: str = "cuda") -> dict:
     """The attention and experts implementations and the decode step generation runs, given those the model was
-    loaded with and the step asked for, and why any differs: the attention of short passes
-    (loading.inference_attention), gpt-oss's eager attention decodes as sink_attention's (the same arithmetic, no
-    copies of the KV cache), grouped experts keep their grouped kernels while decoding, and a compiled decode step
-    needs a GPU."""
+    loaded with and the step asked for, and why any differs: the attention of passes without gradients
+    (loading.inference_attention), gpt-oss's eager attention decodes as sink_attention's (for_model: the same
+    arithmetic, no copies of the KV cache), grouped experts keep their grouped kernels while decoding, and a compiled
+    decode step needs a GPU."""
     attention, note = inference_attention(model_type, attention)
-    notes = [note] if note else []
-    if model_type == "gpt_oss" and attention == "eager":
-        notes.append(f"gpt-oss's eager attention decodes as {sink_attention.NAME} (no copy of the KV cache per head)")
-        attention = sink_attention.NAME
+    attention, sinks_note = sink_attention.for_model(model_type, attention)
+    notes = [n for n in (note, sinks_note) if n]
     if experts in ("grouped_mm", "batched_mm"):
         notes.append(f"{experts} experts decode as {GROUPED_FOR_GENERATION} (grouped_mm that generate keeps)")
         experts = GROUPED_FOR_GENERATION

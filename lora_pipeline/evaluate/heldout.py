@@ -8,8 +8,7 @@ from lora_pipeline.evaluate import sink_attention
 from lora_pipeline.evaluate.generation import batches
 from lora_pipeline.evaluate.scoring import loss_figures
 from lora_pipeline.launch.distributed import gather, process_group
-from lora_pipeline.model.loading import experts_implementation
-from lora_pipeline.model.varlen_attention import NAME as VARLEN
+from lora_pipeline.model.loading import experts_implementation, inference_attention
 
 
 def assistant_mask(tokenizer, messages: list[dict] | str, max_length: int) -> tuple[list[int], list[int]]:
@@ -27,30 +26,12 @@ def assistant_mask(tokenizer, messages: list[dict] | str, max_length: int) -> tu
     return ids, mask
 
 
-def loss_attention(model_type: str, attention: str) -> tuple[str, str | None]:
-    """The attention implementation for evaluation's held-out loss (whole padded rows, no gradients), and why it
-    differs from the loaded one. Flex attention compiles for each padded width, and its compile was most of the loss's
-    time on a fresh machine (docs/evaluation.md), while the rows are padded, not packed, so its block mask saves
-    nothing there: gpt-oss runs eager attention (it has no sdpa, for its sinks), other models sdpa. torch_varlen
-    takes padding-free rows only: sdpa."""
-    if attention == VARLEN:
-        return "sdpa", f"{VARLEN} takes padding-free rows only: sdpa"
-    if attention != "flex_attention":
-        return attention, None
-    if model_type == "gpt_oss":
-        return "eager", "flex attention compiles for each padded width, eager needs no compiling (gpt-oss has no sdpa)"
-    return "sdpa", "flex attention compiles for each padded width, sdpa needs no compiling: sdpa"
-
-
 def use_for_loss(model) -> dict:
-    """Switch a loaded model to the attention the held-out loss runs (loss_attention; gpt-oss's eager as
-    sink_attention's, the same arithmetic without copies of the keys and values per head); returns what runs."""
-    attention, note = loss_attention(model.config.model_type, model.config._attn_implementation)
-    notes = [note] if note else []
-    if model.config.model_type == "gpt_oss" and attention == "eager":
-        notes.append(f"gpt-oss's eager attention runs as {sink_attention.NAME} (no copy of the keys and values "
-                     "per head)")
-        attention = sink_attention.NAME
+    """Switch a loaded model to the attention the held-out loss runs (loading.inference_attention, then
+    sink_attention.for_model); returns what runs."""
+    attention, note = inference_attention(model.config.model_type, model.config._attn_implementation)
+    attention, sinks_note = sink_attention.for_model(model.config.model_type, attention)
+    notes = [n for n in (note, sinks_note) if n]
     if attention != model.config._attn_implementation:
         model.set_attn_implementation(attention)
     return {"attention": attention, "experts": experts_implementation(model), "notes": notes}

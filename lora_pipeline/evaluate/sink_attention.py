@@ -6,6 +6,14 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 NAME = "grouped_sink_eager"
 
 
+def for_model(model_type: str, attention: str) -> tuple[str, str | None]:
+    """The attention evaluation runs for `attention` (inference_attention's choice), and why it differs: gpt-oss's
+    eager attention runs as this module's, the same arithmetic without copies of the keys and values per head."""
+    if model_type == "gpt_oss" and attention == "eager":
+        return NAME, f"gpt-oss's eager attention runs as {NAME} (no copy of the keys and values per head)"
+    return attention, None
+
+
 # Scores computed at once (rows x heads x queries x keys): a prefill into a static cache attends over the whole cache
 # length, and 301 rows of gpt-oss-20b (64 heads) ran an 80 GB GPU out of memory in one piece; bigger passes go in
 # chunks of queries.

@@ -56,18 +56,19 @@ def runnable_implementations(model_type: str, model_params) -> dict:
 
 
 def inference_attention(model_type: str, attention: str) -> tuple[str, str | None]:
-    """The attention implementation for short passes without gradients (decode steps, merge's check of a few
-    128-token rows), and why it differs from the loaded one. Flex attention, training's, does not pay there:
-    gpt-oss's does not compile for them (Inductor finds no kernel for its sinks' score function), so eager, the
-    reference, runs them; other models decode faster with sdpa (docs/evaluation.md). torch_varlen takes padding-free
-    rows only: sdpa runs these passes."""
+    """The attention implementation for passes without gradients (evaluation's held-out loss over padded rows, decode
+    steps, merge's check of a few 128-token rows), and why it differs from the loaded one. Flex attention, training's,
+    does not pay there: it compiles for each new shape, and its block mask skips nothing in padded rows; gpt-oss's
+    does not compile for short passes at all (Inductor finds no kernel for its sinks' score function). So gpt-oss,
+    whose sinks rule out sdpa, runs eager, the reference, and other models sdpa, which decodes faster and compiles
+    nothing (docs/evaluation.md). torch_varlen takes padding-free rows only: sdpa runs these passes."""
     if attention == VARLEN:
         return "sdpa", f"{VARLEN} takes padding-free rows only: sdpa"
     if attention != "flex_attention":
         return attention, None
     if model_type == "gpt_oss":
-        return "eager", "gpt-oss's flex attention does not compile for short passes without gradients: eager"
-    return "sdpa", "flex attention decodes slower than sdpa: sdpa"
+        return "eager", "flex attention compiles for each shape, and gpt-oss's sinks rule out sdpa: eager"
+    return "sdpa", "flex attention compiles for each shape and decodes slower than sdpa: sdpa"
 
 
 def quantization_config(quantization, dtype: str):

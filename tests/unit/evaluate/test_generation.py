@@ -11,10 +11,10 @@ from transformers.cache_utils import StaticSlidingWindowLayer
 from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
 from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_cache, decoding_implementations,
                                                generate_from_prompts, use_for_generation)
-from lora_pipeline.evaluate.heldout import heldout_loss, loss_attention, use_for_loss
+from lora_pipeline.evaluate.heldout import heldout_loss, use_for_loss
 from lora_pipeline.evaluate.sink_attention import NAME as SINKS
 from lora_pipeline.evaluate.window_cache import FullWindowLayer, WindowCache, sliding_window
-from lora_pipeline.model.loading import experts_implementation, load_model
+from lora_pipeline.model.loading import experts_implementation, inference_attention, load_model
 
 
 def model_params(attention="eager", experts="eager"):
@@ -42,7 +42,7 @@ def test_decoding_implementations(model_type, attention, experts, want):
     ("qwen2", "eager", "eager"),
 ])
 def test_loss_attention(model_type, attention, want):
-    chosen, note = loss_attention(model_type, attention)
+    chosen, note = inference_attention(model_type, attention)  # what use_for_loss switches to, before the sinks
     assert chosen == want and bool(note) == (want != attention)
 
 

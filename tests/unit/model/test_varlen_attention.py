@@ -9,7 +9,6 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from lora_pipeline.model import varlen_attention
-from lora_pipeline.evaluate.heldout import loss_attention
 from lora_pipeline.model.loading import inference_attention, runnable_implementations
 
 
@@ -113,4 +112,3 @@ def test_where_torch_varlen_runs():
     assert gpt_oss["notes"][0] == "gpt-oss's attention sinks are not in torch_varlen's kernel"
     assert gpt_oss["attention"] == ("flex_attention" if torch.cuda.is_available() else "eager")
     assert inference_attention("qwen2", "torch_varlen")[0] == "sdpa"
-    assert loss_attention("qwen2", "torch_varlen")[0] == "sdpa"
