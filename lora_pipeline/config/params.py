@@ -89,6 +89,9 @@ class TinyModel(_Section):
                              f"num_key_value_heads {self.num_key_value_heads}")
         if self.num_experts_per_tok > self.num_local_experts:
             raise ValueError("num_experts_per_tok is larger than num_local_experts")
+        if self.pretrain_steps == 1:
+            raise ValueError("pretrain_steps 1 leaves the one-cycle schedule no step to warm up in: use 0 (no "
+                             "pretraining) or 2 or more")
         return self
 
 

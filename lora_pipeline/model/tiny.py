@@ -243,7 +243,10 @@ def pretrain(model, tokenizer, texts: list[str], steps: int, seed: int, batch_si
     generator = torch.Generator().manual_seed(seed)
     # fused: its own square root. The loop form takes MKL's, which rounds differently on Intel and AMD CPUs.
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01, fused=True)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=learning_rate, total_steps=steps, pct_start=0.1)
+    # Warm-up over a tenth of the steps, and over more than one step (one-cycle divides by its length less one):
+    # from 2 to 14 steps a tenth is too short.
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=learning_rate, total_steps=steps,
+                                                   pct_start=max(0.1, 1.5 / steps))
     # Each text tokenized once (cut first, so a long one costs what an ordinary one does); batches are padded copies.
     encoded = tokenizer([text + tokenizer.eos_token for text in cut_to_tokens(texts, tokenizer, max_length)],
                         truncation=True, max_length=max_length)["input_ids"]

@@ -40,6 +40,7 @@ def test_every_declared_key_exists(stage):
     ("split.test_size", 0, "split.test_size"),
     ("data.bad_rows", "skip", "data.bad_rows"),
     ("data.max_chars", -1, "data.max_chars"),
+    ("model.tiny.pretrain_steps", 1, "model.tiny: Value error, pretrain_steps 1 leaves the one-cycle schedule no step"),
 ])
 def test_bad_value_names_the_key(key, value, fragment):
     raw = shipped()

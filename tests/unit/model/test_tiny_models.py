@@ -75,3 +75,11 @@ def test_pretraining_tokenizes_each_text_once_and_a_long_one_only_to_its_cut(tok
     assert len(losses) == 30
     cut = cut_to_tokens(texts, tokenizer, MAX_LENGTH)
     assert counting.characters == sum(len(text + tokenizer.eos_token) for text in cut)  # 30 batches of 32, once each
+
+
+@pytest.mark.parametrize("steps", [2, 3, 10, 14])
+def test_a_few_pretraining_steps_warm_up_and_run_each_step(tokenizer, steps):
+    """One-cycle divides by its warm-up's length in steps less one: a tenth of 10 steps divided by zero."""
+    losses = pretrain(Embedding(len(tokenizer)), tokenizer, pretraining_corpus(ROWS[:20]), steps=steps, seed=0,
+                      max_length=MAX_LENGTH)
+    assert len(losses) == steps
