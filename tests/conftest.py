@@ -370,10 +370,10 @@ def pipeline_copy(default_pipeline, tmp_path) -> Path:
     return Path(shutil.copytree(default_pipeline, tmp_path / "repo"))
 
 
-# A short run of the tiny default: few rows, a barely pretrained base, 24 training steps of 8 rows with a checkpoint
-# every 4.
-SHORT_RUN = {"data.builtin_rows": 300, "model.tiny.pretrain_steps": 20, "train.sft.max_steps": 24,
-             "train.sft.per_device_train_batch_size": 8, "train.sft.logging_steps": 1, "train.checkpoint_steps": 4,
+# A short run of the tiny default: few rows, a barely pretrained base, 12 training steps of 8 rows with a checkpoint
+# every 2.
+SHORT_RUN = {"data.builtin_rows": 300, "model.tiny.pretrain_steps": 10, "train.sft.max_steps": 12,
+             "train.sft.per_device_train_batch_size": 8, "train.sft.logging_steps": 1, "train.checkpoint_steps": 2,
              "eval.prompts": 2}
 # The outputs of the stages up to merge.
 SHORT_RUN_OUTPUTS = ["data/raw", "data/split", "models/base", "models/adapter", "models/merged", "metrics/train.json",

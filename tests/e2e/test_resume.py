@@ -14,15 +14,16 @@ import psutil
 import pytest
 from safetensors.torch import load, load_file
 
-from conftest import run, run_env, set_params
+from conftest import SHORT_RUN, run, run_env, set_params
 from lora_pipeline.launch.checkpoints import DAMAGED, MANIFEST
 
 ADAPTER = "models/adapter/adapter_model.safetensors"
+STEPS = SHORT_RUN["train.sft.max_steps"]
 
 
 @pytest.fixture(scope="module")
 def short_repo(short_runs):
-    """The short run's first clone (24 steps with a checkpoint every 4), back at its commit with the data ready and
+    """The short run's first clone (12 steps with a checkpoint every 2), back at its commit with the data ready and
     no training; the adapter and metrics of its one uninterrupted training, which DVC's run cache keeps but
     dvc.lock's commit does not know (every training here runs with --no-run-cache)."""
     clone = short_runs[0]
@@ -108,11 +109,11 @@ def assert_same_adapter(repo, reference):
 def test_sigkill_of_everything_resumes_from_the_last_checkpoint(short_repo):
     repo, reference, reference_metrics = short_repo
     forget_training(repo)
-    done = killed_training(repo, at_step=8)
+    done = killed_training(repo, at_step=6)
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from checkpoints/train-" in output
     metrics = json.loads((repo / "metrics/train.json").read_text())
-    assert run_facts(repo)["resumed_from_step"] == done >= 8 and metrics["steps"] == 24
+    assert run_facts(repo)["resumed_from_step"] == done >= 6 and metrics["steps"] == STEPS
     assert metrics.keys() == reference_metrics.keys() and metrics["tokens"] == reference_metrics["tokens"]
     assert metrics["train_loss"] == pytest.approx(reference_metrics["train_loss"], rel=1e-4)
     assert_same_adapter(repo, reference)
@@ -135,7 +136,7 @@ def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
     output, returncode = stopped_training(repo)
     assert returncode != 0, "an interrupted training must not count as done"
     stopped_at = int(output.split("train stopped by SIGTERM (signal 15) at step ")[1].split(";")[0])
-    assert stopped_at < 24
+    assert stopped_at < STEPS
     last = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
     assert last == stopped_at, "the step the worker stopped at is checkpointed: no step is lost"
     kept = complete_checkpoints(repo)[-1].relative_to(repo)
@@ -159,7 +160,7 @@ def test_sigterm_to_dvc_alone_stops_the_orphaned_training_with_a_checkpoint(shor
     output, _ = proc.communicate()  # returns once DVC and the workers, which share its output, have exited
     assert "train stopped by SIGTERM (signal 15) at step " in output, output[-3000:]
     stopped_at = int(output.split("train stopped by SIGTERM (signal 15) at step ")[1].split(";")[0])
-    assert stopped_at < 24
+    assert stopped_at < STEPS
     assert max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo)) == stopped_at
     run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert run_facts(repo)["resumed_from_step"] == stopped_at
@@ -230,7 +231,7 @@ def test_two_processes_resume_after_a_kill(short_repo):
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert "resuming from" in output
     metrics = json.loads((repo / "metrics/train.json").read_text())
-    assert metrics["world_size"] == 2 and run_facts(repo)["resumed_from_step"] == done and metrics["steps"] == 24
+    assert metrics["world_size"] == 2 and run_facts(repo)["resumed_from_step"] == done and metrics["steps"] == STEPS
     assert_same_adapter(repo, reference)
 
 
@@ -250,7 +251,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_the_one_before_resumed(short_repo
     assert len(set_aside) == 1 and "adapter_model.safetensors is " in set_aside[0], output[-3000:]
     assert f"resuming from {before.relative_to(repo)}" in output
     assert run_facts(repo)["resumed_from_step"] == int(before.name.split("-")[1])
-    assert json.loads((repo / "metrics/train.json").read_text())["steps"] == 24
+    assert json.loads((repo / "metrics/train.json").read_text())["steps"] == STEPS
     assert_same_adapter(repo, reference)
     damaged = newest.parent / DAMAGED / newest.name
     assert (damaged / "optimizer.pt").is_file() and not checkpoints(repo), "kept aside; the finished run's removed"

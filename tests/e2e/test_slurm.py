@@ -241,7 +241,7 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     """scancel mid-train: the processes save a checkpoint, the stage fails; the next run resumes from it. SIGTERM
     to `dvc repro` alone (DVC leaves its stage's command running): the launch cancels its job, squeue is empty after,
     and the run after resumes and ends at max_steps."""
-    repo, steps = slurm_repo, 30
+    repo, steps = slurm_repo, 12  # checkpoints every 2 steps: room for the cancel, the SIGTERM and the run to the end
     set_params(repo, **TWO_NODES, **{"train.sft.max_steps": steps, "train.checkpoint_steps": 2, "lora.r": 4})
     proc = start_train(repo)
     training = suspended_training(repo, proc)
