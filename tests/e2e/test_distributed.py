@@ -1,4 +1,6 @@
-"""Data-parallel training through accelerate with two CPU processes (DDP over gloo)."""
+"""Data-parallel evaluation through accelerate with two CPU processes (DDP over gloo). Two-process training is
+checked where a test trains that way anyway: tests/unit/train/test_live_metrics.py (the ranks' shares, rank 0
+alone writing), tests/e2e/test_resume.py (resumed after a kill) and tests/e2e/test_slurm.py (over two nodes)."""
 import json
 
 import pytest
@@ -6,24 +8,6 @@ import pytest
 from conftest import run, set_params
 
 pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLflow server
-
-
-def test_two_process_data_parallel_training(pipeline_copy):
-    copy = pipeline_copy
-    set_params(copy, **{"train.accelerate_config": "cpu_ddp", "train.sft.max_steps": 6,
-                        "train.sft.logging_steps": 1, "train.liger": True})
-    output = run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu_ddp.yaml", "-m", "stages.train"],
-                 copy)
-    metrics = json.loads((copy / "metrics/train.json").read_text())
-    assert metrics["world_size"] == 2, output[-3000:]
-    assert metrics["steps"] == 6
-    # one global batch = per-device batch x 2 processes: both ranks fed tokens into the count
-    assert metrics["tokens"] > 0 and (copy / "models/adapter/adapter_model.safetensors").is_file()
-    assert output.count('"trainable_params"') == 1  # rank 0 alone writes and prints the metrics
-    # Liger was asked for on a machine without a GPU: declined, said so, and recorded
-    info = json.loads((copy / "models/adapter/training_info.json").read_text())
-    assert info["implementations"]["liger"] == {"applied": False, "reason": "Liger kernels need a CUDA GPU; none is present", "kernels": []}
-    assert "Liger requested but not applied" in output and metrics["liger_applied"] == 0
 
 
 def test_two_process_evaluation_writes_what_one_process_wrote(pipeline_copy):

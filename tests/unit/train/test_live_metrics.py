@@ -1,5 +1,7 @@
 """Live training metrics: rank 0 alone sends each logged step to a real MLflow server while training runs, training
-outlives the server, the figures it missed land later, and register completes the very run train opened."""
+outlives the server, the figures it missed land later, and register completes the very run train opened. Its
+training is the suite's two-process (data-parallel) training through accelerate launch: both ranks train, rank 0
+alone writes, and Liger, asked for on a machine without a GPU, is declined and recorded."""
 import json
 import signal
 import subprocess
@@ -13,7 +15,7 @@ from helpers import free_port, start_server, stop
 
 STEPS = 16
 SHORT = {"train.accelerate_config": "cpu_ddp", "train.sft.max_steps": STEPS, "train.sft.logging_steps": 1,
-         "train.checkpoint_steps": 0}
+         "train.checkpoint_steps": 0, "train.liger": True}
 # A dead server is found dead at once; the stage's defaults give it about 30 s per attempt.
 NO_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 
@@ -62,7 +64,15 @@ def test_live_run_of_two_processes_outlives_the_server_and_register_completes_it
         train.wait()
         output = log.read_text()
         assert train.returncode == 0, output[-4000:]  # trained to the end without the server
-        assert json.loads((live_repo / "metrics/train.json").read_text())["world_size"] == 2
+        metrics = json.loads((live_repo / "metrics/train.json").read_text())
+        # one global batch = per-device batch x 2 processes: both ranks fed tokens into the count
+        assert metrics["world_size"] == 2 and metrics["steps"] == STEPS and metrics["tokens"] > 0
+        assert (live_repo / "models/adapter/adapter_model.safetensors").is_file()
+        assert output.count('"trainable_params"') == 1  # rank 0 alone writes and prints the metrics
+        info = json.loads((live_repo / "models/adapter/training_info.json").read_text())
+        assert info["implementations"]["liger"] == {"applied": False, "kernels": [],
+                                                    "reason": "Liger kernels need a CUDA GPU; none is present"}
+        assert "Liger requested but not applied" in output and metrics["liger_applied"] == 0
         state = json.loads((live_repo / "logs/train_mlflow.json").read_text())
         records = [json.loads(line) for line in (live_repo / "logs/train_metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # rank 0's alone, once each
