@@ -30,16 +30,21 @@ ExpertsInterface.register(GROUPED_FOR_GENERATION, grouped_mm_experts_forward)
 DECODE_STEPS = ("eager", "cudagraphs", "inductor")
 
 
+def evaluation_attention(model_type: str, attention: str) -> tuple[str, list[str]]:
+    """The attention that evaluation's passes run (the held-out loss and decoding), given the one the model was loaded
+    with, and why it differs: loading.inference_attention's choice for passes without gradients, then gpt-oss's eager
+    attention as sink_attention's (for_model: the same arithmetic, no copies of the KV cache)."""
+    attention, note = inference_attention(model_type, attention)
+    attention, sinks_note = sink_attention.for_model(model_type, attention)
+    return attention, [n for n in (note, sinks_note) if n]
+
+
 def decoding_implementations(model_type: str, attention: str, experts: str | None, decode_step: str = "eager",
                              device_type: str = "cuda") -> dict:
     """The attention and experts implementations and the decode step generation runs, given those the model was
-    loaded with and the step asked for, and why any differs: the attention of passes without gradients
-    (loading.inference_attention), gpt-oss's eager attention decodes as sink_attention's (for_model: the same
-    arithmetic, no copies of the KV cache), grouped experts keep their grouped kernels while decoding, and a compiled
-    decode step needs a GPU."""
-    attention, note = inference_attention(model_type, attention)
-    attention, sinks_note = sink_attention.for_model(model_type, attention)
-    notes = [n for n in (note, sinks_note) if n]
+    loaded with and the step asked for, and why any differs: evaluation's attention (evaluation_attention), grouped
+    experts keep their grouped kernels while decoding, and a compiled decode step needs a GPU."""
+    attention, notes = evaluation_attention(model_type, attention)
     if experts in ("grouped_mm", "batched_mm"):
         notes.append(f"{experts} experts decode as {GROUPED_FOR_GENERATION} (grouped_mm that generate keeps)")
         experts = GROUPED_FOR_GENERATION

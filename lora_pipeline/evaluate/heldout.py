@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from lora_pipeline.evaluate import sink_attention
-from lora_pipeline.evaluate.generation import batches
+from lora_pipeline.evaluate.generation import batches, evaluation_attention
 from lora_pipeline.evaluate.scoring import loss_figures
 from lora_pipeline.launch.distributed import gather, process_group
-from lora_pipeline.model.loading import experts_implementation, inference_attention
+from lora_pipeline.model.loading import experts_implementation
 
 
 def assistant_mask(tokenizer, messages: list[dict] | str, max_length: int) -> tuple[list[int], list[int]]:
@@ -27,11 +27,9 @@ def assistant_mask(tokenizer, messages: list[dict] | str, max_length: int) -> tu
 
 
 def use_for_loss(model) -> dict:
-    """Switch a loaded model to the attention the held-out loss runs (loading.inference_attention, then
-    sink_attention.for_model); returns what runs."""
-    attention, note = inference_attention(model.config.model_type, model.config._attn_implementation)
-    attention, sinks_note = sink_attention.for_model(model.config.model_type, attention)
-    notes = [n for n in (note, sinks_note) if n]
+    """Switch a loaded model to the attention the held-out loss runs (generation.evaluation_attention); returns what
+    runs."""
+    attention, notes = evaluation_attention(model.config.model_type, model.config._attn_implementation)
     if attention != model.config._attn_implementation:
         model.set_attn_implementation(attention)
     return {"attention": attention, "experts": experts_implementation(model), "notes": notes}
