@@ -6,6 +6,8 @@
 # through `dvc repro -s <stage>` (DVC installed) or its cmd; one JSON line per stage to PIPELINE_OUT
 # (default bench/pipeline.jsonl). Re-running with the same PIPELINE_WORK reuses the stand-ins, and DVC skips the
 # stages already done (PIPELINE_FORCE=1 runs them again).
+#   PIPELINE_EXP="lora.r=16" bash benchmarks/pipeline.sh gpt-oss-20b   then `dvc exp run -S lora.r=16` in the copy
+#                                                                     (git set up there), each stage it runs timed
 #   bash benchmarks/pipeline.sh gpt-oss-20b [stage ...]   only those stages
 # Env: MGSM_DIR (default ../shared/data/mgsm; none: no MGSM), PIPELINE_ACCELERATE (default single_gpu),
 # PIPELINE_SET ("key=value ..." params overrides after the recipe), PIPELINE_NOTE (recorded in each row),
@@ -50,4 +52,5 @@ echo "=== setup $RECIPE in $WORK ($(date +%T))"
   ${PIPELINE_ROWS:+--rows "$PIPELINE_ROWS"} "${SETS[@]}"
 # exec: a SIGTERM (timeout) reaches the recorder, which stops the stage and records it
 exec "$PY" benchmarks/pipeline_record.py "$RECIPE" "$@" --repo "$REPO" --out "$OUT" --commit "$COMMIT" \
-  ${PIPELINE_FORCE:+--force} ${PIPELINE_CMD:+--cmd} ${PIPELINE_NOTE:+--note "$PIPELINE_NOTE"}
+  ${PIPELINE_FORCE:+--force} ${PIPELINE_CMD:+--cmd} ${PIPELINE_NOTE:+--note "$PIPELINE_NOTE"} \
+  ${PIPELINE_EXP:+--exp $PIPELINE_EXP}

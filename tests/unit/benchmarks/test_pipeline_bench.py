@@ -217,3 +217,48 @@ def test_through_dvc_without_git_and_skipping_what_is_done(tmp_path):
     again = record.run_pipeline(repo, "fake", out, "x", use_dvc=True, echo=False)
     assert [r.get("skipped") for r in again] == [True, True]
     assert len(out.read_text().splitlines()) == 2  # skipped stages are not recorded
+
+
+def test_stage_spans_from_dvcs_lines():
+    lines = [(0.0, "Stage 'validate' didn't change, skipping"), (1.0, "Running stage 'train':"),
+             (2.0, "> python x"), (5.0, "Updating lock file 'dvc.lock'"),
+             (5.5, "Stage 'split' is cached - skipping run, checking out outputs"),
+             (6.0, "Running stage 'merge':"), (8.0, "Running stage 'register':")]
+    spans = record.stage_spans(lines, end=9.5)
+    assert [(s["stage"], s["end"] - s["start"]) for s in spans] == [("train", 4.0), ("merge", 2.0),
+                                                                      ("register", 1.5)]
+
+
+@pytest.mark.e2e
+def test_exp_run_after_the_pipeline_times_the_stages_it_reruns(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    py = sys.executable
+    stages = {"make": {"cmd": f"{py} -c \"open('made.txt', 'w').write('x')\"", "outs": ["made.txt"]},
+              "scale": {"cmd": f"{py} -c \"import json; json.dump({{'n': ${{a.n}}}}, open('logs/scale.json', 'w'));"
+                               f" open('scaled.txt', 'w').write(open('made.txt').read() * ${{a.n}})\"",
+                        "deps": ["made.txt"], "params": ["a.n"], "outs": ["scaled.txt"]}}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    (repo / "params.yaml").write_text("a: {n: 1}\n")
+    (repo / ".gitignore").write_text("/made.txt\n/scaled.txt\n/logs/\n")
+    (repo / "logs").mkdir()
+    subprocess.run([py, "-m", "dvc", "init", "--no-scm", "-q"], cwd=repo, check=True, env=run_env())
+    setup.dvc_config(repo)
+    out = tmp_path / "out.jsonl"
+    record.run_pipeline(repo, "fake", out, "x", use_dvc=True, echo=False)
+    (repo / "big.bin").write_bytes(b"\0" * (record.LARGEST_COMMITTED_BYTES + 1))
+    with pytest.raises(SystemExit, match=r"big.bin in .* would be committed .*list it in a .gitignore"):
+        record.exp_run(repo, "fake", out, "x", ["a.n=3"], echo=False)
+    (repo / "big.bin").unlink()
+    rows = record.exp_run(repo, "fake", out, "x", ["a.n=3"], echo=False, note="round trip")
+    assert [(r["stage"], r["status"], r["ran"], r["command"]) for r in rows] == [
+        ("scale", 0, "dvc exp run", "dvc exp run -S a.n=3"), ("exp run", 0, "dvc exp run", "dvc exp run -S a.n=3")]
+    scale, whole = rows
+    assert scale["figures"] == {"scale.json": {"n": 3}} and scale["note"] == "round trip"
+    assert whole["stages"] == ["scale"] and 0 < scale["seconds"] <= whole["seconds"]
+    assert (repo / "scaled.txt").read_text() == "xxx"
+    assert [json.loads(line)["ran"] for line in out.read_text().splitlines()] == ["dvc repro -s"] * 2 + [
+        "dvc exp run"] * 2
+    listed = subprocess.run([py, "-m", "dvc", "exp", "list", "--all-commits", "--name-only"], cwd=repo,
+                            capture_output=True, text=True, env=run_env(), check=True).stdout
+    assert len(listed.split()) == 1  # the experiment DVC recorded
