@@ -3,6 +3,7 @@ With --exp, one `dvc exp run -S ...` after the pipeline instead, each stage it r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -18,10 +19,11 @@ from pathlib import Path
 import yaml
 
 # dvc repro's lines for a stage it did not run
-SKIPPED = re.compile(r"didn't change, skipping|is cached - skipping run")
+NOT_RUN = r"(?:didn't change, skipping|is cached - skipping run)"
+SKIPPED = re.compile(NOT_RUN)
 # the lines of `dvc exp run` (and repro) that start a stage, pass over one, and end the one that ran
 RUNNING = re.compile(r"^Running stage '([^']+)'")
-PASSED_OVER = re.compile(r"^Stage '([^']+)' (?:didn't change, skipping|is cached - skipping run)")
+PASSED_OVER = re.compile(rf"^Stage '([^']+)' {NOT_RUN}")
 LOCKED = re.compile(r"^Updating lock file")
 # what the copy may hold untracked when git is set up in it for `dvc exp run`: more is an output git does not ignore
 LARGEST_COMMITTED_BYTES = 50 * 2**20
@@ -154,6 +156,16 @@ class Runner:
         self.child = None
         return (-self.stopped if self.stopped else status), "\n".join(tail)
 
+    @contextlib.contextmanager
+    def stopping_on_signals(self):
+        """While inside, a SIGTERM or SIGINT stops the command running (stop) instead of this process."""
+        previous = {s: signal.signal(s, self.stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
     def stop(self, signum, _frame):
         self.stopped = signum
         if self.child is not None:
@@ -161,6 +173,14 @@ class Runner:
                 os.killpg(self.child.pid, signal.SIGTERM)  # the stage and everything it started
             except ProcessLookupError:
                 pass
+
+
+def row_of(recipe: str, stage: str, seconds: float, peak_gib: float | None, gpus: int, commit: str, ran: str,
+           command: str, status: int, note: str = "") -> dict:
+    """A row of the output file: what ran, how long, at which commit."""
+    return {"recipe": recipe, "stage": stage, "seconds": seconds, "peak_gib": peak_gib, "gpus": gpus, "commit": commit,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "ran": ran,
+            "command": command, "status": status, **({"note": note} if note else {})}
 
 
 def run_pipeline(repo: Path, recipe: str, out: Path, commit: str, only: list[str] = (), force: bool = False,
@@ -173,10 +193,9 @@ def run_pipeline(repo: Path, recipe: str, out: Path, commit: str, only: list[str
         raise SystemExit(f"pipeline: no stage {', '.join(unknown)} in {repo}/dvc.yaml; stages: {', '.join(names)}")
     use_dvc = dvc_available() if use_dvc is None else use_dvc
     runner = Runner(repo, repo.parent / "logs", echo)
-    previous = {s: signal.signal(s, runner.stop) for s in (signal.SIGTERM, signal.SIGINT)}
     gpus = gpu_count()
     rows = []
-    try:
+    with runner.stopping_on_signals():
         for name in [n for n in names if not only or n in only]:
             if use_dvc:
                 command = [sys.executable, "-m", "dvc", "repro", "-s", *(["-f"] if force else []), name]
@@ -189,9 +208,7 @@ def run_pipeline(repo: Path, recipe: str, out: Path, commit: str, only: list[str
             memory = GpuMemory()
             status, tail = runner.run(command, runner.logs / f"{name}.log")
             seconds = round(time.perf_counter() - wall, 1)
-            row = {"recipe": recipe, "stage": name, "seconds": seconds, "peak_gib": memory.stop(), "gpus": gpus,
-                   "commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   "ran": how, "command": shown, "status": status, **({"note": note} if note else {})}
+            row = row_of(recipe, name, seconds, memory.stop(), gpus, commit, how, shown, status, note)
             if status == 0 and use_dvc and SKIPPED.search(tail):
                 rows.append({**row, "skipped": True})
                 continue
@@ -208,9 +225,6 @@ def run_pipeline(repo: Path, recipe: str, out: Path, commit: str, only: list[str
                 print(f"pipeline: stage {name} exited {status}; its log: {runner.logs / f'{name}.log'}",
                       file=sys.stderr)
                 break
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     return rows
 
 
@@ -259,29 +273,23 @@ def exp_run(repo: Path, recipe: str, out: Path, commit: str, sets: list[str], ec
     command = [sys.executable, "-m", "dvc", "exp", "run", *[arg for s in sets for arg in ("-S", s)]]
     shown = " ".join(["dvc exp run", *[f"-S {s}" for s in sets]])
     runner = Runner(repo, repo.parent / "logs", echo)
-    previous = {s: signal.signal(s, runner.stop) for s in (signal.SIGTERM, signal.SIGINT)}
     lines = []
     print(f"=== {shown} ({time.strftime('%H:%M:%S')})", flush=True)
-    try:
+    with runner.stopping_on_signals():
         memory = GpuMemory()
         wall = time.perf_counter()
         status, tail = runner.run(command, runner.logs / "exp-run.log", lambda line, at: lines.append((at, line)))
         seconds, ended = round(time.perf_counter() - wall, 1), time.time()
         whole_peak = memory.stop()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    common = {"recipe": recipe, "gpus": gpu_count(), "commit": commit,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "ran": "dvc exp run", "command": shown, "status": status, **({"note": note} if note else {})}
+    gpus = gpu_count()
     spans = stage_spans(lines, ended)
     rows = []
     for span in spans:
-        row = {"stage": span["stage"], "seconds": round(span["end"] - span["start"], 1),
-               "peak_gib": memory.peak_between(span["start"], span["end"]), **common}
+        row = row_of(recipe, span["stage"], round(span["end"] - span["start"], 1),
+                     memory.peak_between(span["start"], span["end"]), gpus, commit, "dvc exp run", shown, status, note)
         figures = stage_figures(repo, span["stage"], span["start"], span["end"])
         rows.append({**row, **({"figures": figures} if figures else {})})
-    whole = {"stage": "exp run", "seconds": seconds, "peak_gib": whole_peak, **common,
+    whole = {**row_of(recipe, "exp run", seconds, whole_peak, gpus, commit, "dvc exp run", shown, status, note),
              "stages": [span["stage"] for span in spans],
              "outside_stages_seconds": round(seconds - sum(r["seconds"] for r in rows), 1)}
     if status != 0:
