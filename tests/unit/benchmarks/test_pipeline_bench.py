@@ -197,18 +197,25 @@ def test_only_the_stages_named(tmp_path):
         record.run_pipeline(repo, "fake", tmp_path / "out.jsonl", "x", only=["d"], use_dvc=False)
 
 
-@pytest.mark.e2e
-def test_through_dvc_without_git_and_skipping_what_is_done(tmp_path):
+def dvc_repo_without_git(tmp_path: Path, stages: dict, params: str = "{}\n") -> Path:
+    """tmp_path/repo: DVC without git, as the pipeline's copy runs it (setup.dvc_config), with these stages and
+    params.yaml."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    py = sys.executable
-    stages = {"make": {"cmd": f"{py} -c \"open('made.txt', 'w').write('x')\"", "outs": ["made.txt"]},
-              "use": {"cmd": f"{py} -c \"open('used.txt', 'w').write(open('made.txt').read())\"",
-                      "deps": ["made.txt"], "outs": ["used.txt"]}}
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
-    (repo / "params.yaml").write_text("{}\n")
-    subprocess.run([py, "-m", "dvc", "init", "--no-scm", "-q"], cwd=repo, check=True, env=run_env())
+    (repo / "params.yaml").write_text(params)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=repo, check=True, env=run_env())
     setup.dvc_config(repo)
+    return repo
+
+
+@pytest.mark.e2e
+def test_through_dvc_without_git_and_skipping_what_is_done(tmp_path):
+    py = sys.executable
+    repo = dvc_repo_without_git(tmp_path, {
+        "make": {"cmd": f"{py} -c \"open('made.txt', 'w').write('x')\"", "outs": ["made.txt"]},
+        "use": {"cmd": f"{py} -c \"open('used.txt', 'w').write(open('made.txt').read())\"", "deps": ["made.txt"],
+                "outs": ["used.txt"]}})
     out = tmp_path / "out.jsonl"
     first = record.run_pipeline(repo, "fake", out, "x", use_dvc=True, echo=False)
     assert [(r["stage"], r["status"], r["ran"], r.get("skipped")) for r in first] == [
@@ -231,19 +238,14 @@ def test_stage_spans_from_dvcs_lines():
 
 @pytest.mark.e2e
 def test_exp_run_after_the_pipeline_times_the_stages_it_reruns(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
     py = sys.executable
-    stages = {"make": {"cmd": f"{py} -c \"open('made.txt', 'w').write('x')\"", "outs": ["made.txt"]},
-              "scale": {"cmd": f"{py} -c \"import json; json.dump({{'n': ${{a.n}}}}, open('logs/scale.json', 'w'));"
-                               f" open('scaled.txt', 'w').write(open('made.txt').read() * ${{a.n}})\"",
-                        "deps": ["made.txt"], "params": ["a.n"], "outs": ["scaled.txt"]}}
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
-    (repo / "params.yaml").write_text("a: {n: 1}\n")
+    repo = dvc_repo_without_git(tmp_path, {
+        "make": {"cmd": f"{py} -c \"open('made.txt', 'w').write('x')\"", "outs": ["made.txt"]},
+        "scale": {"cmd": f"{py} -c \"import json; json.dump({{'n': ${{a.n}}}}, open('logs/scale.json', 'w'));"
+                         f" open('scaled.txt', 'w').write(open('made.txt').read() * ${{a.n}})\"",
+                  "deps": ["made.txt"], "params": ["a.n"], "outs": ["scaled.txt"]}}, params="a: {n: 1}\n")
     (repo / ".gitignore").write_text("/made.txt\n/scaled.txt\n/logs/\n")
     (repo / "logs").mkdir()
-    subprocess.run([py, "-m", "dvc", "init", "--no-scm", "-q"], cwd=repo, check=True, env=run_env())
-    setup.dvc_config(repo)
     out = tmp_path / "out.jsonl"
     record.run_pipeline(repo, "fake", out, "x", use_dvc=True, echo=False)
     (repo / "big.bin").write_bytes(b"\0" * (record.LARGEST_COMMITTED_BYTES + 1))
