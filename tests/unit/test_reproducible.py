@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import OTHER_INSTRUCTION_SET, ROOT, SHORT_RUN_OUTPUTS, run, run_env
 
-from lora_pipeline.config.cpu_numerics import PINNED
+from lora_pipeline.config.cpu_numerics import PINNED, PINNED_CACHE
 
 # Float work whose rounding depends on the kernels each library picks: matmul (MKL), silu, softmax, log1p (ATen).
 PROBE = """
@@ -123,9 +123,12 @@ def test_pinned_processes_compile_into_a_cache_of_their_own(tmp_path):
     native = probe("native").split()[0]
     if native == "AVX2":
         pytest.skip("this CPU runs AVX2 kernels unpinned too: one cache serves both")
-    env = {**{k: v for k, v in run_env().items() if k not in ("LORA_PIPELINE_NATIVE_CPU", "TORCHINDUCTOR_CACHE_DIR")},
-           "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # torch's default cache and ours under tmp_path
+    # An empty cache of compiled graphs for the two; Inductor's precompiled headers, keyed by the compiler's flags,
+    # stay in the temp folder that every process of the run shares, as they do for a user's processes.
+    cache = tmp_path / "inductor"
+    env = {**{k: v for k, v in run_env().items() if k != "LORA_PIPELINE_NATIVE_CPU"}, "PYTHONPATH": str(ROOT),
+           "TORCHINDUCTOR_CACHE_DIR": str(cache)}
     for mode in ("pinned", "native"):
         result = subprocess.run([sys.executable, "-c", COMPILE_PROBE, mode], env=env, capture_output=True, text=True)
         assert (result.returncode, result.stdout.strip()) == (0, "equal"), f"{mode}: {result.stderr[-3000:]}"
-    assert (tmp_path / f"torchinductor_{os.getuid()}_pinned_avx2").is_dir()
+    assert (cache / PINNED_CACHE / "fxgraph").is_dir() and (cache / "fxgraph").is_dir()  # one graph cache each

@@ -52,3 +52,12 @@ def test_a_process_that_can_use_a_gpu_keeps_its_threads(gpu_machine):
 def test_the_native_switch_pins_nothing(cpu_machine):
     environ = {cpu_numerics.NATIVE_SWITCH: "1", "OMP_NUM_THREADS": "16"}
     assert pin(environ) == {} and environ == {cpu_numerics.NATIVE_SWITCH: "1", "OMP_NUM_THREADS": "16"}
+
+
+def test_pinned_processes_keep_inductors_cache_in_a_folder_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_numerics.tempfile, "gettempdir", lambda: str(tmp_path))
+    uid = cpu_numerics.os.getuid()
+    assert cpu_numerics.inductor_cache({}) == str(tmp_path / f"torchinductor_{uid}_{cpu_numerics.PINNED_CACHE}")
+    inside = tmp_path / "cache" / cpu_numerics.PINNED_CACHE
+    assert cpu_numerics.inductor_cache({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}) == str(inside)
+    assert cpu_numerics.inductor_cache({"TORCHINDUCTOR_CACHE_DIR": str(inside)}) == str(inside)  # pinned again
