@@ -1,4 +1,6 @@
 """The CPU pins: which switches and thread counts a stage process gets, and when none."""
+import os
+
 import pytest
 
 from lora_pipeline.config import cpu_numerics
@@ -56,8 +58,7 @@ def test_the_native_switch_pins_nothing(cpu_machine):
 
 def test_pinned_processes_keep_inductors_cache_in_a_folder_of_their_own(tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_numerics.tempfile, "gettempdir", lambda: str(tmp_path))
-    uid = cpu_numerics.os.getuid()
-    assert cpu_numerics.inductor_cache({}) == str(tmp_path / f"torchinductor_{uid}_{cpu_numerics.PINNED_CACHE}")
+    assert cpu_numerics.inductor_cache({}) == str(tmp_path / f"torchinductor_{os.getuid()}_{cpu_numerics.PINNED_CACHE}")
     inside = tmp_path / "cache" / cpu_numerics.PINNED_CACHE
     assert cpu_numerics.inductor_cache({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}) == str(inside)
     assert cpu_numerics.inductor_cache({"TORCHINDUCTOR_CACHE_DIR": str(inside)}) == str(inside)  # pinned again
