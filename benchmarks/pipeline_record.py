@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import os
 import re
@@ -281,16 +282,16 @@ def exp_run(repo: Path, recipe: str, out: Path, commit: str, sets: list[str], ec
         status, tail = runner.run(command, runner.logs / "exp-run.log", lambda line, at: lines.append((at, line)))
         seconds, ended = round(time.perf_counter() - wall, 1), time.time()
         whole_peak = memory.stop()
-    gpus = gpu_count()
+    exp_row = functools.partial(row_of, recipe, gpus=gpu_count(), commit=commit, ran="dvc exp run", command=shown,
+                                status=status, note=note)  # (stage, seconds, peak_gib)
     spans = stage_spans(lines, ended)
     rows = []
     for span in spans:
-        row = row_of(recipe, span["stage"], round(span["end"] - span["start"], 1),
-                     memory.peak_between(span["start"], span["end"]), gpus, commit, "dvc exp run", shown, status, note)
+        row = exp_row(span["stage"], round(span["end"] - span["start"], 1),
+                      memory.peak_between(span["start"], span["end"]))
         figures = stage_figures(repo, span["stage"], span["start"], span["end"])
         rows.append({**row, **({"figures": figures} if figures else {})})
-    whole = {**row_of(recipe, "exp run", seconds, whole_peak, gpus, commit, "dvc exp run", shown, status, note),
-             "stages": [span["stage"] for span in spans],
+    whole = {**exp_row("exp run", seconds, whole_peak), "stages": [span["stage"] for span in spans],
              "outside_stages_seconds": round(seconds - sum(r["seconds"] for r in rows), 1)}
     if status != 0:
         whole["log_tail"] = tail
