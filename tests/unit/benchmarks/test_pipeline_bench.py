@@ -241,7 +241,9 @@ def test_exp_run_after_the_pipeline_times_the_stages_it_reruns(tmp_path):
     py = sys.executable
     repo = dvc_repo_without_git(tmp_path, {
         "make": {"cmd": f"{py} -c \"open('made.txt', 'w').write('x')\"", "outs": ["made.txt"]},
-        "scale": {"cmd": f"{py} -c \"import json; json.dump({{'n': ${{a.n}}}}, open('logs/scale.json', 'w'));"
+        # the stage sleeps a moment: a span of DVC's lines rounds to 0.0 s for a command quicker than 0.05 s
+        "scale": {"cmd": f"{py} -c \"import json, time; time.sleep(0.3);"
+                         f" json.dump({{'n': ${{a.n}}}}, open('logs/scale.json', 'w'));"
                          f" open('scaled.txt', 'w').write(open('made.txt').read() * ${{a.n}})\"",
                   "deps": ["made.txt"], "params": ["a.n"], "outs": ["scaled.txt"]}}, params="a: {n: 1}\n")
     (repo / ".gitignore").write_text("/made.txt\n/scaled.txt\n/logs/\n")
