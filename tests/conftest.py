@@ -149,10 +149,10 @@ E2E_FIXTURES = {"repo", "short_runs", "short_repo", "registered", "server", "rem
 # Session fixtures that run a pipeline. make test runs two pytest-xdist workers (--dist loadgroup): every test that
 # uses one runs on the same worker, so that each is built once and its tests run in the order a single process
 # would run them; the two groups come first, one per worker, since they are the longest chains of the suite.
-# Next come the tests that work in a copy of the built default (default_pipeline): they need not wait for repo's
-# chain, and the worker that finishes short_runs first takes them while the other goes on with repo's. Then the
-# other e2e tests, each module a unit of minutes, and the unit tests last: many short modules, which even out the two
-# workers' ends instead of leaving one worker alone with a long e2e module.
+# Next come the e2e tests that build what they need themselves, each module a unit of minutes: the worker that ends
+# short_runs first takes them while the other is still building the default in repo's chain. Then the tests that
+# work in a copy of the built default (default_pipeline), which is there by then, and the unit tests last: many short
+# modules, which even out the two workers' ends instead of leaving one worker alone with a long e2e module.
 SHARED_PIPELINES = ("repo", "short_runs")
 
 
@@ -177,8 +177,11 @@ def pytest_collection_modifyitems(items):
         if group:
             return SHARED_PIPELINES.index(group)
         if item.get_closest_marker("unit"):
-            return len(SHARED_PIPELINES) + 2
-        return len(SHARED_PIPELINES) + ("default_pipeline" not in item.fixturenames)
+            return len(SHARED_PIPELINES) + 3
+        if "default_pipeline" not in item.fixturenames:
+            return len(SHARED_PIPELINES)
+        # of the tests in copies of the default, the Slurm module (minutes, one chain) before the short ones
+        return len(SHARED_PIPELINES) + 1 + ("slurm_cluster" not in item.fixturenames)
 
     # then by file name, whatever folder a file is in (tests/unit/<concern>/, tests/e2e/): a group's tests run in one
     # order however the files are laid out, and repo's chain relies on it (test_registry expects what the experiments

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.e2e  # every test here runs the pipeline, DVC or an MLf
 
 
 # A pipeline of its own, the longest after the default's: it runs in short_runs' group, after them, on the worker that
-# would otherwise wait for the default pipeline (built by the other worker) that the tests after it copy.
+# is not building the default pipeline.
 @pytest.mark.xdist_group("short_runs")
 def test_tiny_mxfp4_gpt_oss_runs_the_whole_pipeline(tmp_path):
     repo = copy_repo(tmp_path / "repo")
