@@ -282,7 +282,7 @@ class Eval(_Section):
     max_new_tokens: int = Field(ge=1)
     batch_size: int = Field(ge=1)
     do_sample: bool
-    decode_step: Literal["eager", "cudagraphs", "inductor"]
+    decode_step: Literal["eager", "cudagraphs", "inductor", "captured"]
     include_base: bool
     loss_rows: int = Field(ge=0)
     mgsm: Mgsm
@@ -291,6 +291,13 @@ class Eval(_Section):
     @classmethod
     def _some_languages(cls, value):
         return _not_empty(value, "language code")
+
+    @model_validator(mode="after")
+    def _captured_decodes_greedily(self):
+        if self.decode_step == "captured" and self.do_sample:
+            raise ValueError("decode_step captured decodes greedily, and do_sample is true: set do_sample false, or "
+                             "decode_step cudagraphs or eager")
+        return self
 
 
 class Register(_Section):

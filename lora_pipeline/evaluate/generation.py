@@ -9,7 +9,7 @@ import torch
 from transformers import CompileConfig
 from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
 
-from lora_pipeline.evaluate import sink_attention
+from lora_pipeline.evaluate import captured_decode, sink_attention
 from lora_pipeline.evaluate.cuda_graphs import cudagraphs_in_place
 from lora_pipeline.evaluate.window_cache import WindowCache, sliding_window
 from lora_pipeline.launch.distributed import gather, process_group
@@ -26,8 +26,10 @@ ExpertsInterface.register(GROUPED_FOR_GENERATION, grouped_mm_experts_forward)
 # cudagraphs, inductor: a static KV cache (fixed shapes; window_cache.WindowCache where the model has sliding-window
 # layers), with generate compiling the decode step (torch.compile, whole graph): cudagraphs replays the step's
 # recorded CUDA graph, one launch instead of hundreds, the weights read where they lie (cuda_graphs.py); inductor
-# ("reduce-overhead") fuses the kernels too, and records them as a CUDA graph.
-DECODE_STEPS = ("eager", "cudagraphs", "inductor")
+# ("reduce-overhead") fuses the kernels too, and records them as a CUDA graph. captured: greedy decoding whose eager
+# step is recorded once as a CUDA graph with torch.cuda.graph, no compiler (captured_decode.py), for models whose layers
+# all attend in full.
+DECODE_STEPS = ("eager", "cudagraphs", "inductor", "captured")
 
 
 def evaluation_attention(model_type: str, attention: str) -> tuple[str, list[str]]:
@@ -67,18 +69,21 @@ def use_for_generation(model, decode_step: str = "eager") -> dict:
     cache the step runs on; pass the returned decode_step to generate."""
     chosen = decoding_implementations(model.config.model_type, model.config._attn_implementation,
                                       experts_implementation(model), decode_step, model.device.type)
-    chosen["cache"] = decode_cache(chosen["decode_step"], model.config)
     if chosen["attention"] != model.config._attn_implementation:
         model.set_attn_implementation(chosen["attention"])
     if chosen["experts"]:
         set_experts_implementation(model, chosen["experts"])
+    if chosen["decode_step"] == "captured" and (why := captured_decode.unsupported(model)):
+        chosen["notes"].append(f"the captured decode step cannot decode this model ({why}): eager")
+        chosen["decode_step"] = "eager"
+    chosen["cache"] = decode_cache(chosen["decode_step"], model.config)
     return chosen
 
 
 def decode_step_options(decode_step: str, compile_on_cpu: bool = False) -> dict:
     """transformers generate's arguments for a decode step of DECODE_STEPS. `compile_on_cpu`: compile on the CPU too
     (transformers compiles on GPUs only), for checking on a CPU that the step compiles as one graph."""
-    if decode_step == "eager":
+    if decode_step in ("eager", "captured"):
         return {}
     backend = cudagraphs_in_place if decode_step == "cudagraphs" else decode_step
     config = CompileConfig(backend=backend, mode="reduce-overhead" if decode_step == "inductor" else None,
@@ -116,11 +121,15 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
     generate. `decode_step`: one of DECODE_STEPS (use_for_generation's choice; `compile_on_cpu` as in
     decode_step_options), on the cache decode_cache names. A static cache (a compiled step) compiles once per batch
     shape, so its prompts are padded to a multiple of PAD_MULTIPLE tokens; a WindowCache's, to at least the window.
-    `stats`, if given, accumulates this process's new tokens, decode steps and seconds."""
+    `stats`, if given, accumulates this process's new tokens, decode steps and seconds. The captured step decodes
+    greedily, and takes no other generate arguments; its prompts are padded to at least the window too."""
+    if decode_step == "captured" and any(sampling.values()):
+        raise ValueError(f"the captured decode step decodes greedily: {sampling} asks for more; use eval.decode_step: "
+                         "eager or cudagraphs")
     tokenizer.padding_side = "left"
     sampling |= decode_step_options(decode_step, compile_on_cpu)
     cache = decode_cache(decode_step, model.config)
-    static = cache != "dynamic"
+    compiled = decode_step in ("cudagraphs", "inductor")  # compiled once per batch shape
     window = sliding_window(model.config) if cache == "WindowCache" else None
     rank, world = process_group()
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -128,22 +137,27 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
     for batch in batches([len(ids) for ids in encoded], batch_size)[rank::world]:
         rows = {"input_ids": [encoded[i] for i in batch]}
         options = sampling
-        if static:  # a multiple of PAD_MULTIPLE, and at least the window
+        if compiled or window:  # a multiple of PAD_MULTIPLE (compiled), and at least the window
             longest = max(len(ids) for ids in rows["input_ids"])
-            width = max(math.ceil(longest / PAD_MULTIPLE) * PAD_MULTIPLE, window or 0)
+            width = max(math.ceil(longest / PAD_MULTIPLE) * PAD_MULTIPLE if compiled else longest, window or 0)
             inputs = tokenizer.pad(rows, padding="max_length", max_length=width, return_tensors="pt")
         else:
             inputs = tokenizer.pad(rows, return_tensors="pt")
         inputs = inputs.to(model.device)
-        if window:
-            options = {k: v for k, v in sampling.items() if k != "cache_implementation"}
-            options["cache"] = WindowCache(model.config, max_cache_len=inputs["input_ids"].shape[1] + max_new_tokens)
         started = time.perf_counter()
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                             **options)
-        if window:
-            options["cache"].check_counts()
-        new = out[:, inputs["input_ids"].shape[1]:]
+        if decode_step == "captured":  # its own cache
+            new = captured_decode.greedy_generate(model, inputs["input_ids"], inputs["attention_mask"], max_new_tokens,
+                                                  tokenizer.pad_token_id, capture=model.device.type == "cuda")
+        else:
+            if window:
+                options = {k: v for k, v in sampling.items() if k != "cache_implementation"}
+                options["cache"] = WindowCache(model.config,
+                                               max_cache_len=inputs["input_ids"].shape[1] + max_new_tokens)
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 **options)
+            new = out[:, inputs["input_ids"].shape[1]:]
+            if window:
+                options["cache"].check_counts()
         if stats is not None:
             if model.device.type == "cuda":
                 torch.cuda.synchronize(model.device)

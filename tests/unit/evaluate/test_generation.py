@@ -9,6 +9,7 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticSlidingWindowLayer
 
 from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
+from lora_pipeline.evaluate import captured_decode
 from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_cache, decoding_implementations,
                                                generate_from_prompts, use_for_generation)
 from lora_pipeline.evaluate.heldout import heldout_loss, use_for_loss
@@ -118,11 +119,14 @@ def test_an_unknown_decode_step_is_refused_by_name():
         decoding_implementations("qwen2", "sdpa", None, "graphs", "cuda")
 
 
-def tiny_qwen2(folder):
+def tiny_qwen2(folder, initializer_range=0.02):
+    """`initializer_range`: larger weights make each token depend on the positions and the keys it attends to, not
+    only on the token before it, as a trained model's do."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         initializer_range=initializer_range)
     Qwen2ForCausalLM(config).save_pretrained(folder)
     return folder
 
@@ -186,3 +190,94 @@ def test_the_window_cache_counts_what_the_stock_cache_counts(tiny_gpt_oss):
     window_cache.layers[0].cumulative_length_int += 1  # as if the sizes had been asked for twice in a step
     with pytest.raises(RuntimeError, match="the window layers count .* tokens, the full-attention layers hold 103"):
         window_cache.check_counts()
+
+
+def left_padded(lengths: list[int], vocab: int = 512):
+    rows, width = len(lengths), max(lengths)
+    ids, mask = torch.zeros(rows, width, dtype=torch.long), torch.zeros(rows, width, dtype=torch.long)
+    generator = torch.Generator().manual_seed(1)
+    for row, length in enumerate(lengths):
+        ids[row, width - length:] = torch.randint(3, vocab, (length,), generator=generator)
+        mask[row, width - length:] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("attention, dtype", [("sdpa", torch.bfloat16), ("eager", torch.bfloat16),
+                                              ("sdpa", torch.float32)])
+def test_the_captured_step_decodes_as_generate_on_a_static_cache(tmp_path, attention, dtype):
+    # The step the captured decoder records as a CUDA graph, run eagerly here: its tokens are generate's on the same
+    # static cache to the last token, an end of sequence included (padding after it); the rows stop at different
+    # steps, and none before the check for every row's end.
+    model = load_model(tiny_qwen2(tmp_path / "qwen2", 0.3), model_params(attention)).eval().to(dtype)
+    ids, mask = left_padded([3, 9, 14, 6, 11])
+    free = captured_decode.greedy_generate(model, ids, mask, 40, pad_token_id=0, capture=False)
+    eos = sorted({int(free[row, 2 + row]) for row in range(5)})  # every row ends, by its column 2 + row
+    model.generation_config.eos_token_id = eos
+    want = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0,
+                          cache_implementation="static")[:, ids.shape[1]:]
+    got = captured_decode.greedy_generate(model, ids, mask, 40, pad_token_id=0, capture=False)
+    assert want.shape[1] < 40 and (want == 0).any(), "every row ended before the last step, some before others"
+    assert torch.equal(got[:, :want.shape[1]], want)
+    assert (got[:, want.shape[1]:] == 0).all() and got.shape[1] - want.shape[1] < captured_decode.CHECK_FINISHED_EVERY
+    if dtype == torch.float32:  # generate's own dynamic cache too, where no rounding tells the caches apart
+        dynamic = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
+                                 pad_token_id=0)[:, ids.shape[1]:]
+        assert torch.equal(got[:, :dynamic.shape[1]], dynamic)
+
+
+def test_the_stage_decodes_through_the_captured_step_as_through_generate(tmp_path):
+    tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
+    prompts = [" ".join(f"t{(7 * i + 3 * j) % 500 + 3}" for j in range(n)) for i, n in enumerate([5, 17, 9, 30])]
+    model = load_model(tiny_qwen2(tmp_path / "qwen2", 0.3), model_params("sdpa")).eval()
+    eager = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=12, batch_size=3)
+    stats = {}
+    captured = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=12, batch_size=3, stats=stats,
+                                     decode_step="captured")
+    assert captured == eager and all(eager)
+    assert stats["prompts"] == 4 and stats["decode_steps"] == 24
+    with pytest.raises(ValueError, match="decodes greedily"):
+        generate_from_prompts(model, tokenizer, prompts, 4, 3, decode_step="captured", do_sample=True)
+
+
+def test_the_captured_step_says_which_models_it_cannot_decode(tmp_path, tiny_gpt_oss):
+    model = load_model(tiny_qwen2(tmp_path / "qwen2"), model_params("sdpa"))
+    assert captured_decode.unsupported(model) is None
+    model.generation_config.repetition_penalty = 1.1
+    assert "repetition_penalty" in captured_decode.unsupported(model)
+    model.generation_config.repetition_penalty = 1.0
+    model.set_attn_implementation("flex_attention")
+    assert "not flex_attention" in captured_decode.unsupported(model)
+    gpt_oss = load_model(tiny_gpt_oss, model_params())  # sliding-window layers: decoded too
+    assert captured_decode.unsupported(gpt_oss) is None
+
+
+@pytest.mark.parametrize("device_type, want", [("cuda", "captured"), ("cpu", "eager")])
+def test_use_for_generation_takes_the_captured_step_where_it_can(tmp_path, tiny_gpt_oss, monkeypatch, device_type,
+                                                                  want):
+    model = load_model(tiny_qwen2(tmp_path / "qwen2"), model_params("sdpa"))
+    monkeypatch.setattr(type(model), "device", property(lambda self: torch.device(device_type)))
+    chosen = use_for_generation(model, "captured")
+    assert (chosen["decode_step"], chosen["cache"]) == (want, "static" if want == "captured" else "dynamic")
+    assert bool(chosen["notes"]) == (want != "captured")
+    gpt_oss = load_model(tiny_gpt_oss, model_params())
+    monkeypatch.setattr(type(gpt_oss), "device", property(lambda self: torch.device(device_type)))
+    chosen = use_for_generation(gpt_oss, "captured")  # decodes with grouped_sink_eager: sliding windows and all
+    assert (chosen["decode_step"], chosen["cache"], chosen["attention"]) == (
+        (want, "WindowCache", SINKS) if want == "captured" else (want, "dynamic", SINKS))
+
+
+def test_the_captured_step_decodes_sliding_window_layers_with_sinks_as_generate(tiny_gpt_oss):
+    # The window (16 tokens) fills during the prompt (padded to it) and slides for 40 tokens; the attention sinks
+    # matter (test_continuous_batching). Every row runs the full length: no end of sequence.
+    model = decoding_gpt_oss(tiny_gpt_oss)
+    model.generation_config.eos_token_id = None
+    tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
+    prompts = GPT_OSS_PROMPTS[:5]
+    assert min(len(p.split()) for p in prompts) < 16 < max(len(p.split()) for p in prompts)
+    eager = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=40, batch_size=5)
+    captured = generate_from_prompts(model, tokenizer, prompts, max_new_tokens=40, batch_size=5,
+                                     decode_step="captured")
+    assert captured == eager and all(len(t.split()) == 40 for t in eager)
+    ids, mask = left_padded([3, 9, 12], vocab=512)
+    with pytest.raises(ValueError, match="padded to the sliding window"):
+        captured_decode.greedy_generate(model, ids, mask, 4, pad_token_id=0, capture=False)
