@@ -8,7 +8,11 @@ built-in questions as the evaluate stage asks them, left-padded into one batch. 
 call runs the warm-up step and records the graph), `captured, not recorded` (the same step, eagerly), and generate with
 its eager step on a dynamic cache, its eager step on a static cache, and its `cudagraphs` step (twice: the first
 compiles). One JSON line per call: seconds, ms per decode step, new tokens/s, peak GiB, and the share of tokens and
-rows equal to the first captured call's.
+rows equal to the first captured call's. `--variants` keeps some of them;
+`--profile-steps N` adds a line of the GPU time a decode step's kernels take, by kernel: torch's profiler over the
+step run eagerly for 2 + N tokens, less the same for 2 (the prompt's pass and the first step), over N.
+gpt-oss: `--attention flex_attention --experts grouped_mm` (as the recipe loads it; evaluation decodes with
+`grouped_sink_eager` and `grouped_mm_generate`).
 """
 import argparse
 import sys
@@ -21,6 +25,7 @@ import torch
 from lora_pipeline.data import builtin as builtin_data
 from lora_pipeline.evaluate.captured_decode import greedy_generate
 from lora_pipeline.evaluate.generation import decode_step_options, use_for_generation
+from lora_pipeline.evaluate.window_cache import sliding_window
 from lora_pipeline.model.loading import load_model, load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # this folder's modules, however this file is loaded
@@ -34,10 +39,15 @@ def main():
     parser.add_argument("--batch", type=int, default=221)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--label", default="", help="what the model is, for the rows")
+    parser.add_argument("--attention", default="sdpa")
+    parser.add_argument("--experts", default=None)
+    parser.add_argument("--variants", nargs="*", default=None,
+                        help="some of: captured uncaptured eager static cudagraphs (default: all)")
+    parser.add_argument("--profile-steps", type=int, default=0)
     parser.add_argument("--out")
     args = parser.parse_args()
-    params = SimpleNamespace(dtype="bfloat16", attn_implementation="sdpa", experts_implementation=None,
-                             trust_remote_code=False)
+    params = SimpleNamespace(dtype="bfloat16", attn_implementation=args.attention,
+                             experts_implementation=args.experts, trust_remote_code=False)
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model, params, device_map={"": "cuda"}).eval()
     chosen = use_for_generation(model, "captured")
@@ -47,7 +57,12 @@ def main():
     prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
                for c in conversations_of(questions, args.batch)]
     tokenizer.padding_side = "left"
-    inputs = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt").to("cuda")
+    window = sliding_window(model.config) or 0  # the captured step's WindowCache needs prompts at least this wide
+    inputs = tokenizer(prompts, add_special_tokens=False, padding="longest", return_tensors="pt")
+    if inputs["input_ids"].shape[1] < window:
+        inputs = tokenizer(prompts, add_special_tokens=False, padding="max_length", max_length=window,
+                           return_tensors="pt")
+    inputs = inputs.to("cuda")
     ids, mask, pad = inputs["input_ids"], inputs["attention_mask"], tokenizer.pad_token_id
     width = ids.shape[1]
 
@@ -55,14 +70,15 @@ def main():
         return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False,
                               pad_token_id=pad, **options)[:, width:]
 
-    variants = [("captured", lambda: greedy_generate(model, ids, mask, args.new_tokens, pad)),
-                ("captured", lambda: greedy_generate(model, ids, mask, args.new_tokens, pad)),
-                ("captured, not recorded", lambda: greedy_generate(model, ids, mask, args.new_tokens, pad,
-                                                                   capture=False)),
-                ("generate eager, dynamic cache", generate),
-                ("generate eager, static cache", lambda: generate(cache_implementation="static")),
-                ("generate cudagraphs", lambda: generate(**decode_step_options("cudagraphs"))),
-                ("generate cudagraphs", lambda: generate(**decode_step_options("cudagraphs")))]
+    variants = [("captured", "captured", lambda: greedy_generate(model, ids, mask, args.new_tokens, pad)),
+                ("captured", "captured", lambda: greedy_generate(model, ids, mask, args.new_tokens, pad)),
+                ("uncaptured", "captured, not recorded",
+                 lambda: greedy_generate(model, ids, mask, args.new_tokens, pad, capture=False)),
+                ("eager", "generate eager, dynamic cache", generate),
+                ("static", "generate eager, static cache", lambda: generate(cache_implementation="static")),
+                ("cudagraphs", "generate cudagraphs", lambda: generate(**decode_step_options("cudagraphs"))),
+                ("cudagraphs", "generate cudagraphs", lambda: generate(**decode_step_options("cudagraphs")))]
+    variants = [(name, run) for key, name, run in variants if args.variants is None or key in args.variants]
     first, calls = None, {}
     for name, run in variants:
         calls[name] = calls.get(name, 0) + 1
@@ -79,7 +95,34 @@ def main():
               "new_tokens_per_s": round(new.numel() / seconds, 1),
               "rows_equal_to_first": int((new == first).all(dim=1).sum()),
               "tokens_equal_to_first": round(float((new == first).float().mean()), 4),
-              "attention": chosen["attention"], "peak_gib": peak_gib(), "device": device_name()}, args.out)
+              "attention": chosen["attention"], "experts": chosen["experts"], "peak_gib": peak_gib(),
+              "device": device_name()}, args.out)
+    if args.profile_steps:
+        short = kernel_ms(lambda: greedy_generate(model, ids, mask, 2, pad, capture=False))
+        long = kernel_ms(lambda: greedy_generate(model, ids, mask, 2 + args.profile_steps, pad, capture=False))
+        per_step = {name: (long[name] - short.get(name, 0.0)) / args.profile_steps for name in long}
+        top = sorted(per_step.items(), key=lambda kv: -kv[1])[:12]
+        emit({"model": args.label or args.model, "check": "captured decode step", "profile": "kernel ms a decode step",
+              "batch": args.batch, "prompt_width": width, "steps": args.profile_steps,
+              "kernel_ms_per_step": round(sum(per_step.values()), 2),
+              "top_kernels_ms": [[name[:90], round(ms, 3)] for name, ms in top],
+              "attention": chosen["attention"], "experts": chosen["experts"], "device": device_name()}, args.out)
+
+
+def kernel_ms(run) -> dict[str, float]:
+    """GPU milliseconds by kernel name over one call of `run`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as profiled:
+        run()
+        torch.cuda.synchronize()
+    times = {}
+    for event in profiled.key_averages():
+        microseconds = getattr(event, "device_time_total", None)
+        microseconds = event.cuda_time_total if microseconds is None else microseconds
+        if microseconds > 0:
+            times[event.key] = microseconds / 1000
+    return times
 
 
 if __name__ == "__main__":

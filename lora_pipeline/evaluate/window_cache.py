@@ -21,12 +21,19 @@ class FullWindowLayer(StaticSlidingWindowLayer):
 
     full = False  # the prefill filled the window: each one-token step takes the rolling path
 
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        # The newest slot's index as a tensor (see the stock layer), made once with the cache: a CUDA graph being
+        # recorded cannot copy one to the GPU each step. Static, as the stock layer marks its keys and values.
+        self.last = torch.tensor([-1], dtype=torch.long, device=self.device)
+        if not torch.compiler.is_compiling():
+            torch._dynamo.mark_static_address(self.last)
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if key_states.shape[-2] == 1 and self.full:
             keys, values = self.keys.roll(-1, dims=-2), self.values.roll(-1, dims=-2)
-            last = torch.tensor([-1], dtype=torch.long, device=self.device)  # a tensor index: see the stock layer
-            keys[:, :, last] = key_states
-            values[:, :, last] = value_states
+            keys[:, :, self.last] = key_states
+            values[:, :, self.last] = value_states
             self.keys.copy_(keys)  # in place: the compiled step's inputs keep their addresses
             self.values.copy_(values)
             return self.keys, self.values
