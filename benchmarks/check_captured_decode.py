@@ -116,13 +116,8 @@ def kernel_ms(run) -> dict[str, float]:
     with profile(activities=[ProfilerActivity.CUDA]) as profiled:
         run()
         torch.cuda.synchronize()
-    times = {}
-    for event in profiled.key_averages():
-        microseconds = getattr(event, "device_time_total", None)
-        microseconds = event.cuda_time_total if microseconds is None else microseconds
-        if microseconds > 0:
-            times[event.key] = microseconds / 1000
-    return times
+    return {event.key: event.device_time_total / 1000 for event in profiled.key_averages()
+            if event.device_time_total > 0}
 
 
 if __name__ == "__main__":

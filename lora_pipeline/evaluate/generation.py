@@ -27,8 +27,7 @@ ExpertsInterface.register(GROUPED_FOR_GENERATION, grouped_mm_experts_forward)
 # layers), with generate compiling the decode step (torch.compile, whole graph): cudagraphs replays the step's
 # recorded CUDA graph, one launch instead of hundreds, the weights read where they lie (cuda_graphs.py); inductor
 # ("reduce-overhead") fuses the kernels too, and records them as a CUDA graph. captured: greedy decoding whose eager
-# step is recorded once as a CUDA graph with torch.cuda.graph, no compiler (captured_decode.py), for models whose layers
-# all attend in full.
+# step is recorded once as a CUDA graph with torch.cuda.graph, no compiler (captured_decode.py), on the same caches.
 DECODE_STEPS = ("eager", "cudagraphs", "inductor", "captured")
 
 
