@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from transformers import GenerationConfig, StaticCache
+from transformers.cache_utils import StaticLayer
 
 from lora_pipeline.evaluate import sink_attention
 from lora_pipeline.evaluate.window_cache import FullWindowLayer, WindowCache, sliding_window
@@ -17,6 +18,23 @@ PLAIN_GREEDY = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "
 ADDITIVE = ("eager", sink_attention.NAME)  # attentions that add their mask to the scores; sdpa takes a boolean one
 ATTENTION = ("sdpa", *ADDITIVE)
 CHECK_FINISHED_EVERY = 16  # decode steps between the host's reads of whether every row has ended (each waits)
+# A step's full-attention layers read the cache up to the end of the block of this many slots that it writes in, not
+# to the end of the cache: a graph is recorded for each block the decoding reaches, and the average step reads the
+# prompt and half the new tokens instead of all of them.
+READ_BLOCK = 128
+
+
+class BoundedLayer(StaticLayer):
+    """transformers' static cache layer that gives attention its first `read_upto` slots (all of them where None):
+    the slots past the newest token are masked anyway."""
+
+    read_upto: int | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if self.read_upto is None:
+            return keys, values
+        return keys[:, :, :self.read_upto], values[:, :, :self.read_upto]
 
 
 def unsupported(model) -> str | None:
@@ -36,19 +54,22 @@ def eos_ids(model) -> list[int]:
 
 @torch.no_grad()
 def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                    pad_token_id: int, capture: bool = True) -> torch.Tensor:
+                    pad_token_id: int, capture: bool = True, read_block: int | None = None) -> torch.Tensor:
     """The new tokens [rows, up to max_new_tokens] of greedy decoding after left-padded prompts, as transformers'
     generate gives them: pad_token_id after a row's end of sequence, and up to CHECK_FINISHED_EVERY columns of it after
     every row has ended. The prompt runs through the model as generate runs it; each later token is one step of the
     model on a static cache (window_cache.WindowCache where the model has sliding-window layers: pad the prompts to at
-    least the window), under masks of the cache slots each row has filled. `capture`: record the step once as a CUDA
-    graph and replay it (on a GPU); without, the same step runs eagerly (the CPU's check of its arithmetic)."""
+    least the window), under masks of the cache slots each row has filled. `capture`: record the step as a CUDA graph,
+    once for each block of `read_block` (READ_BLOCK) cache slots, and replay it (on a GPU); without, the same step runs
+    eagerly (the CPU's check of its arithmetic)."""
     rows, width = input_ids.shape
     device, slots, window = input_ids.device, width + max_new_tokens, sliding_window(model.config)
     if window and width < window:
         raise ValueError(f"the captured decode step needs prompts padded to the sliding window ({window} tokens): "
                          f"got {width}")
     cache = (WindowCache if window else StaticCache)(config=model.config, max_cache_len=slots)
+    cache.layers = [BoundedLayer(max_cache_len=slots) if type(layer) is StaticLayer else layer
+                    for layer in cache.layers]
     positions = attention_mask.long().cumsum(-1) - 1
     positions.masked_fill_(attention_mask == 0, 1)  # generate's position ids for left padding
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
@@ -67,18 +88,26 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     new[:, :1] = token
     ended = torch.isin(token[:, 0], stops)
     additive, blocked = model.config._attn_implementation in ADDITIVE, torch.finfo(model.dtype).min
-    # A window layer holds its last `held` tokens, oldest first: the slots from the one written this step back.
-    held = next(layer.max_cache_len for layer in cache.layers if isinstance(layer, FullWindowLayer)) if window else 0
-    window_slots = torch.arange(1 - held, 1, device=device) if window else None
+    bounded = [layer for layer in cache.layers if isinstance(layer, BoundedLayer)]
+    windows = [layer for layer in cache.layers if isinstance(layer, FullWindowLayer)]
+    if windows:
+        # After the prompt a window layer holds the last `held` prompt tokens, oldest first (slots width - held to
+        # width - 1); from then on it is a ring: slot s goes to index (s - width) % held.
+        held = windows[0].max_cache_len
+        ring_index, ring_offsets = torch.zeros(1, dtype=torch.long, device=device), torch.arange(held, device=device)
+        for layer in windows:
+            layer.ring = ring_index
 
     def as_mask(allowed):
         return (torch.where(allowed, 0.0, blocked).to(model.dtype) if additive else allowed)[:, None, None, :]
 
     def step():
+        upto = bounded[0].read_upto if bounded else slots
         filled.logical_or_(slot_ids == slot)
-        masks = {"full_attention": as_mask(filled)}
-        if window:
-            masks["sliding_attention"] = as_mask(filled[:, slot + window_slots])
+        masks = {"full_attention": as_mask(filled[:, :upto])}
+        if windows:
+            ring_index.copy_(torch.remainder(slot - width, held).view(1))
+            masks["sliding_attention"] = as_mask(filled[:, slot - torch.remainder(slot - width - ring_offsets, held)])
         logits = model(input_ids=token, attention_mask=masks, position_ids=position, cache=cache,
                        use_cache=True).logits[:, -1]
         chosen = torch.where(ended, pad, logits.argmax(-1))
@@ -88,29 +117,46 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
         for counter in (position, slot, column):
             counter.add_(1)
 
-    replay = captured(step, device) if capture and max_new_tokens > 1 else step  # its warm-up is the first step
+    graphs, block = {}, read_block or READ_BLOCK  # read limit -> the step recorded with it
     columns = max_new_tokens
-    for done in range(2 if replay is not step else 1, max_new_tokens):
+    for done in range(1, max_new_tokens):  # the step that fills column `done`, writing cache slot width + done - 1
         if done % CHECK_FINISHED_EVERY == 0 and bool(ended.all()):
             columns = done
             break
-        replay()
+        upto = min(slots, -(-(width + done) // block) * block)
+        for layer in bounded:
+            layer.read_upto = upto
+        if not capture:
+            step()
+        elif upto in graphs:
+            graphs[upto].replay()
+        elif not graphs:  # the first step runs eagerly, the warm-up the recording asks for, then is recorded
+            graphs[upto] = captured(step, device)
+        else:
+            graphs[upto] = recorded(step, pool=next(iter(graphs.values())).pool())
+            graphs[upto].replay()
     return new[:, :columns]
 
 
-def captured(step, device) -> callable:
+def captured(step, device) -> torch.cuda.CUDAGraph:
     """Run `step` once (on a side stream: the warm-up torch.cuda.graph asks for), then record it as a CUDA graph,
-    which runs nothing; returns the graph's replay."""
+    which runs nothing; returns the graph."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         step()
     torch.cuda.current_stream(device).wait_stream(side)
+    return recorded(step)
+
+
+def recorded(step, pool=None) -> torch.cuda.CUDAGraph:
+    """`step` recorded as a CUDA graph (which runs nothing), in the memory `pool` of an earlier graph where given:
+    the graphs of one decoding run one after another, never at once."""
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=pool):
             step()
     except RuntimeError as error:
         raise RuntimeError(f"eval.decode_step: captured: the model's decode step could not be recorded as a CUDA "
                            f"graph ({error}); use eval.decode_step: cudagraphs or eager") from error
-    return graph.replay
+    return graph

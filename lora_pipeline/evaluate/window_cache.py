@@ -20,6 +20,10 @@ class FullWindowLayer(StaticSlidingWindowLayer):
     WindowCache.get_mask_sizes, which generate calls once a step outside the compiled step, advances the count."""
 
     full = False  # the prefill filled the window: each one-token step takes the rolling path
+    # Where set (the captured decode step sets it), a one-token step on a full window writes its token at this index
+    # [1] and rolls nothing: the window is a ring, its oldest token overwritten in place, and the step's mask says
+    # which slot holds which token (attention does not depend on the order of the keys).
+    ring: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -30,6 +34,10 @@ class FullWindowLayer(StaticSlidingWindowLayer):
             torch._dynamo.mark_static_address(self.last)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if key_states.shape[-2] == 1 and self.full and self.ring is not None:
+            self.keys.index_copy_(2, self.ring, key_states)
+            self.values.index_copy_(2, self.ring, value_states)
+            return self.keys, self.values
         if key_states.shape[-2] == 1 and self.full:
             keys, values = self.keys.roll(-1, dims=-2), self.values.roll(-1, dims=-2)
             keys[:, :, self.last] = key_states
@@ -43,7 +51,7 @@ class FullWindowLayer(StaticSlidingWindowLayer):
 
     def reset(self):
         super().reset()
-        self.full = False
+        self.full, self.ring = False, None
 
 
 class WindowCache(StaticCache):

@@ -202,20 +202,21 @@ def left_padded(lengths: list[int], vocab: int = 512):
     return ids, mask
 
 
-@pytest.mark.parametrize("attention, dtype", [("sdpa", torch.bfloat16), ("eager", torch.bfloat16),
-                                              ("sdpa", torch.float32)])
-def test_the_captured_step_decodes_as_generate_on_a_static_cache(tmp_path, attention, dtype):
+@pytest.mark.parametrize("attention, dtype, read_block", [("sdpa", torch.bfloat16, 8), ("eager", torch.bfloat16, 8),
+                                                          ("sdpa", torch.float32, 8), ("sdpa", torch.float32, None)])
+def test_the_captured_step_decodes_as_generate_on_a_static_cache(tmp_path, attention, dtype, read_block):
     # The step the captured decoder records as a CUDA graph, run eagerly here: its tokens are generate's on the same
     # static cache to the last token, an end of sequence included (padding after it); the rows stop at different
-    # steps, and none before the check for every row's end.
+    # steps, and none before the check for every row's end. Blocks of 8 slots: the full-attention layers read 16, 24,
+    # ... slots as the cache fills (the default block holds the whole cache here).
     model = load_model(tiny_qwen2(tmp_path / "qwen2", 0.3), model_params(attention)).eval().to(dtype)
     ids, mask = left_padded([3, 9, 14, 6, 11])
-    free = captured_decode.greedy_generate(model, ids, mask, 40, pad_token_id=0, capture=False)
+    free = captured_decode.greedy_generate(model, ids, mask, 40, pad_token_id=0, capture=False, read_block=read_block)
     eos = sorted({int(free[row, 2 + row]) for row in range(5)})  # every row ends, by its column 2 + row
     model.generation_config.eos_token_id = eos
     want = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0,
                           cache_implementation="static")[:, ids.shape[1]:]
-    got = captured_decode.greedy_generate(model, ids, mask, 40, pad_token_id=0, capture=False)
+    got = captured_decode.greedy_generate(model, ids, mask, 40, pad_token_id=0, capture=False, read_block=read_block)
     assert want.shape[1] < 40 and (want == 0).any(), "every row ended before the last step, some before others"
     assert torch.equal(got[:, :want.shape[1]], want)
     assert (got[:, want.shape[1]:] == 0).all() and got.shape[1] - want.shape[1] < captured_decode.CHECK_FINISHED_EVERY
@@ -266,9 +267,11 @@ def test_use_for_generation_takes_the_captured_step_where_it_can(tmp_path, tiny_
         (want, "WindowCache", SINKS) if want == "captured" else (want, "dynamic", SINKS))
 
 
-def test_the_captured_step_decodes_sliding_window_layers_with_sinks_as_generate(tiny_gpt_oss):
-    # The window (16 tokens) fills during the prompt (padded to it) and slides for 40 tokens; the attention sinks
-    # matter (test_continuous_batching). Every row runs the full length: no end of sequence.
+def test_the_captured_step_decodes_sliding_window_layers_with_sinks_as_generate(tiny_gpt_oss, monkeypatch):
+    # The window (16 tokens) fills during the prompt (padded to it) and slides for 40 tokens, a ring written in place;
+    # the full-attention layers read blocks of 8 slots; the attention sinks matter (test_continuous_batching). Every
+    # row runs the full length: no end of sequence.
+    monkeypatch.setattr(captured_decode, "READ_BLOCK", 8)
     model = decoding_gpt_oss(tiny_gpt_oss)
     model.generation_config.eos_token_id = None
     tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
