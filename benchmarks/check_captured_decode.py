@@ -6,7 +6,8 @@ The model loads in bfloat16 with the attention evaluation decodes with (use_for_
 built-in questions as the evaluate stage asks them, left-padded into one batch. Every variant runs every row to
 --new-tokens (the end of sequence turned off), so that their tokens compare one for one: `captured` twice (the first
 call runs the warm-up step and records the graph), `captured, whole cache read` (one graph whose
-full-attention layers read the whole cache, not READ_BLOCK blocks), `captured, not recorded` (the same step, eagerly),
+full-attention layers read the whole cache, not READ_BLOCK blocks), `the prompts' pass alone` (one new token),
+`captured, not recorded` (the same step, eagerly),
 and generate with its eager step on a dynamic cache, its eager step on a static cache, and its `cudagraphs` step
 (twice: the first compiles). One JSON line per call: seconds, ms per decode step, new tokens/s, peak GiB, and the
 share of tokens and rows equal to the first captured call's. `--variants` keeps some of them;
@@ -43,7 +44,9 @@ def main():
     parser.add_argument("--attention", default="sdpa")
     parser.add_argument("--experts", default=None)
     parser.add_argument("--variants", nargs="*", default=None,
-                        help="some of: captured whole uncaptured eager static cudagraphs (default: all)")
+                        help="some of: captured whole prefill uncaptured eager static cudagraphs (default: all)")
+    parser.add_argument("--width", type=int, default=0, help="left-pad the prompts to this many tokens (a stage's "
+                        "prompt_width: its prefill_tokens / prompts)")
     parser.add_argument("--profile-steps", type=int, default=0)
     parser.add_argument("--out")
     args = parser.parse_args()
@@ -60,8 +63,8 @@ def main():
     tokenizer.padding_side = "left"
     window = sliding_window(model.config) or 0  # the captured step's WindowCache needs prompts at least this wide
     inputs = tokenizer(prompts, add_special_tokens=False, padding="longest", return_tensors="pt")
-    if inputs["input_ids"].shape[1] < window:
-        inputs = tokenizer(prompts, add_special_tokens=False, padding="max_length", max_length=window,
+    if inputs["input_ids"].shape[1] < max(window, args.width):
+        inputs = tokenizer(prompts, add_special_tokens=False, padding="max_length", max_length=max(window, args.width),
                            return_tensors="pt")
     inputs = inputs.to("cuda")
     ids, mask, pad = inputs["input_ids"], inputs["attention_mask"], tokenizer.pad_token_id
@@ -75,6 +78,7 @@ def main():
                 ("captured", "captured", lambda: greedy_generate(model, ids, mask, args.new_tokens, pad)),
                 ("whole", "captured, whole cache read",
                  lambda: greedy_generate(model, ids, mask, args.new_tokens, pad, read_block=width + args.new_tokens)),
+                ("prefill", "the prompts' pass alone", lambda: greedy_generate(model, ids, mask, 1, pad)),
                 ("uncaptured", "captured, not recorded",
                  lambda: greedy_generate(model, ids, mask, args.new_tokens, pad, capture=False)),
                 ("eager", "generate eager, dynamic cache", generate),
@@ -96,8 +100,8 @@ def main():
               "call": calls[name], "batch": args.batch, "prompt_width": width, "new_tokens": new.numel(),
               "seconds": round(seconds, 2), "ms_per_step": round(1000 * seconds / new.shape[1], 1),
               "new_tokens_per_s": round(new.numel() / seconds, 1),
-              "rows_equal_to_first": int((new == first).all(dim=1).sum()),
-              "tokens_equal_to_first": round(float((new == first).float().mean()), 4),
+              "rows_equal_to_first": int((new == first[:, :new.shape[1]]).all(dim=1).sum()),
+              "tokens_equal_to_first": round(float((new == first[:, :new.shape[1]]).float().mean()), 4),
               "attention": chosen["attention"], "experts": chosen["experts"], "peak_gib": peak_gib(),
               "device": device_name()}, args.out)
     if args.profile_steps:

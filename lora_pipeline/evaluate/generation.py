@@ -120,7 +120,8 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
     generate. `decode_step`: one of DECODE_STEPS (use_for_generation's choice; `compile_on_cpu` as in
     decode_step_options), on the cache decode_cache names. A static cache (a compiled step) compiles once per batch
     shape, so its prompts are padded to a multiple of PAD_MULTIPLE tokens; a WindowCache's, to at least the window.
-    `stats`, if given, accumulates this process's new tokens, decode steps and seconds. The captured step decodes
+    `stats`, if given, accumulates this process's new tokens, decode steps, seconds, and prompt tokens without and
+    with the padding. The captured step decodes
     greedily, and takes no other generate arguments; its prompts are padded to at least the window too."""
     if decode_step == "captured" and any(sampling.values()):
         raise ValueError(f"the captured decode step decodes greedily: {sampling} asks for more; use eval.decode_step: "
@@ -164,6 +165,8 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
             stats["decode_steps"] = stats.get("decode_steps", 0) + new.shape[1]
             stats["new_tokens"] = stats.get("new_tokens", 0) + int((new != tokenizer.pad_token_id).sum())
             stats["prompts"] = stats.get("prompts", 0) + len(batch)
+            stats["prompt_tokens"] = stats.get("prompt_tokens", 0) + int(inputs["attention_mask"].sum())
+            stats["prefill_tokens"] = stats.get("prefill_tokens", 0) + inputs["input_ids"].numel()  # padding too
         for i, row in zip(batch, new):
             text = tokenizer.decode(row, skip_special_tokens=False)
             mine.append((i, text.replace(tokenizer.pad_token, "") if tokenizer.pad_token else text))
