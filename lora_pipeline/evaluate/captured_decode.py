@@ -26,9 +26,12 @@ READ_BLOCK = 128
 
 class BoundedLayer(StaticLayer):
     """transformers' static cache layer that gives attention its first `read_upto` slots (all of them where None):
-    the slots past the newest token are masked anyway."""
+    the slots past the newest token are masked anyway. The prompts' pass reads the prompts' width of slots."""
 
     read_upto: int | None = None
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return (self.read_upto or self.max_cache_len), 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         keys, values = super().update(key_states, value_states, *args, **kwargs)
@@ -70,6 +73,9 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     cache = (WindowCache if window else StaticCache)(config=model.config, max_cache_len=slots)
     cache.layers = [BoundedLayer(max_cache_len=slots) if type(layer) is StaticLayer else layer
                     for layer in cache.layers]
+    bounded = [layer for layer in cache.layers if isinstance(layer, BoundedLayer)]
+    for layer in bounded:
+        layer.read_upto = width
     positions = attention_mask.long().cumsum(-1) - 1
     positions.masked_fill_(attention_mask == 0, 1)  # generate's position ids for left padding
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
@@ -88,7 +94,6 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     new[:, :1] = token
     ended = torch.isin(token[:, 0], stops)
     additive, blocked = model.config._attn_implementation in ADDITIVE, torch.finfo(model.dtype).min
-    bounded = [layer for layer in cache.layers if isinstance(layer, BoundedLayer)]
     windows = [layer for layer in cache.layers if isinstance(layer, FullWindowLayer)]
     if windows:
         # After the prompt a window layer holds the last `held` prompt tokens, oldest first (slots width - held to
