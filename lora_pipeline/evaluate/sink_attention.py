@@ -25,11 +25,8 @@ def grouped_sink_attention(module, query, key, value, attention_mask, scaling, d
     key/value head in one matmul, so the keys and values are read where the cache holds them. transformers' repeat_kv
     copies each layer's cache once per query head every step instead: for gpt-oss-20b's 64 query and 8 KV heads,
     8 copies of the whole cache. A pass of more than SCORES_AT_ONCE scores runs in chunks of queries and returns no
-    weights (as sdpa returns none): returning them would hold every score at once again. A decode step (one query)
-    runs as attend_one, and returns no weights either."""
+    weights (as sdpa returns none): returning them would hold every score at once again."""
     batch, heads, q_len, _ = query.shape
-    if q_len == 1:
-        return attend_one(module, query, key, value, attention_mask, scaling), None
     chunk = max(1, SCORES_AT_ONCE // (batch * heads * key.shape[2]))
     if q_len <= chunk:
         return attend(module, query, key, value, attention_mask, scaling)
@@ -54,26 +51,6 @@ def attend(module, query, key, value, attention_mask, scaling):
     weights = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
     out = torch.matmul(weights.reshape(batch, kv_heads, groups * q_len, -1), value)
     return out.view(batch, heads, q_len, dim).transpose(1, 2).contiguous(), weights.reshape(batch, heads, q_len, -1)
-
-
-def attend_one(module, query, key, value, attention_mask, scaling):
-    """attend's output for one query a row, computed with the keys as the tall side of each product: the scores as
-    keys @ queries ([keys, 8] for gpt-oss's 8 query heads a key/value head) and the output as values^T @ weights.
-    Each product then runs as a tall-and-thin matrix product, not as one of 8 rows padded to the GEMM's tile
-    (docs/performance.md). The softmax with the sink runs in float32 (at least), rounded once at the end."""
-    batch, heads, _, dim = query.shape
-    kv_heads = key.shape[1]
-    groups = heads // kv_heads
-    exact = torch.promote_types(query.dtype, torch.float32)
-    scores = torch.matmul(key, query.reshape(batch, kv_heads, groups, dim).transpose(2, 3)).to(exact) * scaling
-    if attention_mask is not None:  # [batch, 1, 1, keys]
-        scores = scores + attention_mask[:, :, 0, :, None]
-    sinks = module.sinks.to(exact).reshape(1, kv_heads, 1, groups)
-    peak = torch.maximum(scores.amax(dim=2, keepdim=True), sinks)
-    exps = torch.exp(scores - peak)
-    weights = (exps / (exps.sum(dim=2, keepdim=True) + torch.exp(sinks - peak))).to(value.dtype)
-    out = torch.matmul(value.transpose(2, 3), weights)  # [batch, kv_heads, dim, groups]
-    return out.permute(0, 1, 3, 2).reshape(batch, 1, heads, dim)
 
 
 AttentionInterface.register(NAME, grouped_sink_attention)
