@@ -6,7 +6,8 @@ The model loads in bfloat16 with the attention evaluation decodes with (use_for_
 built-in questions as the evaluate stage asks them, left-padded into one batch. Every variant runs every row to
 --new-tokens (the end of sequence turned off), so that their tokens compare one for one: `captured` twice (the first
 call runs the warm-up step and records the graph), `captured, whole cache read` (one graph whose
-full-attention layers read the whole cache, not READ_BLOCK blocks), `the prompts' pass alone` (one new token),
+full-attention layers read the whole cache, not READ_BLOCK blocks), `the prompts' pass alone` (one new token; in
+PREFILL_GROUPS groups of rows, and in one),
 `captured, not recorded` (the same step, eagerly),
 and generate with its eager step on a dynamic cache, its eager step on a static cache, and its `cudagraphs` step
 (twice: the first compiles). One JSON line per call: seconds, ms per decode step, new tokens/s, peak GiB, and the
@@ -79,6 +80,8 @@ def main():
                 ("whole", "captured, whole cache read",
                  lambda: greedy_generate(model, ids, mask, args.new_tokens, pad, read_block=width + args.new_tokens)),
                 ("prefill", "the prompts' pass alone", lambda: greedy_generate(model, ids, mask, 1, pad)),
+                ("prefill", "the prompts' pass alone, one group",
+                 lambda: greedy_generate(model, ids, mask, 1, pad, prefill_groups=1)),
                 ("uncaptured", "captured, not recorded",
                  lambda: greedy_generate(model, ids, mask, args.new_tokens, pad, capture=False)),
                 ("eager", "generate eager, dynamic cache", generate),

@@ -22,6 +22,10 @@ CHECK_FINISHED_EVERY = 16  # decode steps between the host's reads of whether ev
 # to the end of the cache: a graph is recorded for each block the decoding reaches, and the average step reads the
 # prompt and half the new tokens instead of all of them.
 READ_BLOCK = 128
+# The prompts' pass runs in this many groups of rows of similar length, each padded to its own longest prompt: one
+# batch padded to its longest prompt is mostly padding where the lengths vary (gpt-oss-20b's evaluation prompts: two
+# thirds of the tokens).
+PREFILL_GROUPS = 4
 
 
 class BoundedLayer(StaticLayer):
@@ -57,10 +61,12 @@ def eos_ids(model) -> list[int]:
 
 @torch.no_grad()
 def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                    pad_token_id: int, capture: bool = True, read_block: int | None = None) -> torch.Tensor:
+                    pad_token_id: int, capture: bool = True, read_block: int | None = None,
+                    prefill_groups: int | None = None) -> torch.Tensor:
     """The new tokens [rows, up to max_new_tokens] of greedy decoding after left-padded prompts, as transformers'
     generate gives them: pad_token_id after a row's end of sequence, and up to CHECK_FINISHED_EVERY columns of it after
-    every row has ended. The prompt runs through the model as generate runs it; each later token is one step of the
+    every row has ended. The prompts run through the model as generate runs them, in `prefill_groups`
+    (PREFILL_GROUPS) groups of rows (prefill); each later token is one step of the
     model on a static cache (window_cache.WindowCache where the model has sliding-window layers: pad the prompts to at
     least the window), under masks of the cache slots each row has filled. `capture`: record the step as a CUDA graph,
     once for each block of `read_block` (READ_BLOCK) cache slots, and replay it (on a GPU); without, the same step runs
@@ -74,12 +80,9 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     cache.layers = [BoundedLayer(max_cache_len=slots) if type(layer) is StaticLayer else layer
                     for layer in cache.layers]
     bounded = [layer for layer in cache.layers if isinstance(layer, BoundedLayer)]
-    for layer in bounded:
-        layer.read_upto = width
     positions = attention_mask.long().cumsum(-1) - 1
     positions.masked_fill_(attention_mask == 0, 1)  # generate's position ids for left padding
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1]
+    logits = prefill(model, input_ids, attention_mask, positions, cache, groups=prefill_groups or PREFILL_GROUPS)
 
     # The step's state, all on the device, updated in place: a CUDA graph replays reads and writes of fixed addresses.
     filled = torch.zeros(rows, slots, dtype=torch.bool, device=device)
@@ -141,6 +144,41 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
             graphs[upto] = recorded(step, pool=next(iter(graphs.values())).pool())
             graphs[upto].replay()
     return new[:, :columns]
+
+
+def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, cache,
+            groups: int) -> torch.Tensor:
+    """The prompts' pass into `cache`, which it leaves as one pass of the whole batch would: the logits of each row's
+    last position [rows, vocab]. The rows go through the model in `groups` groups of similar prompt length, each cut to
+    its longest prompt (at least the sliding window) and passed into a cache of its own, whose keys and values are then
+    copied to the rows' last slots of `cache`: each row's tokens see the same keys, and no position computes padding
+    that a shorter group can leave out."""
+    rows, width = input_ids.shape
+    window = sliding_window(model.config) or 0
+    lengths = attention_mask.sum(-1)
+    logits = None
+    for group in torch.tensor_split(torch.argsort(lengths, stable=True), min(groups, rows)):
+        wide = min(width, max(int(lengths[group].max()), window, 1))
+        part = (WindowCache if window else StaticCache)(config=model.config, max_cache_len=wide)
+        last = model(input_ids=input_ids[group, -wide:], attention_mask=attention_mask[group, -wide:],
+                     position_ids=positions[group, -wide:], cache=part, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = last.new_empty(rows, last.shape[-1]) if logits is None else logits
+        logits[group] = last
+        for into, layer in zip(cache.layers, part.layers):
+            if not into.is_initialized:
+                into.lazy_initialization(layer.keys[:1].expand(rows, -1, -1, -1),
+                                         layer.values[:1].expand(rows, -1, -1, -1))
+            if isinstance(into, FullWindowLayer):  # the last `window` tokens, oldest first, as a whole pass leaves them
+                into.keys[group], into.values[group] = layer.keys, layer.values
+            else:  # the prompt's slots
+                into.keys[group, :, width - wide:width] = layer.keys
+                into.values[group, :, width - wide:width] = layer.values
+    for layer in cache.layers:  # the counts one pass of `width` tokens leaves
+        if isinstance(layer, FullWindowLayer):
+            layer.cumulative_length_int, layer.full = width, True
+        else:
+            layer.cumulative_length.fill_(width)
+    return logits
 
 
 def captured(step, device) -> torch.cuda.CUDAGraph:

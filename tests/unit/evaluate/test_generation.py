@@ -284,3 +284,31 @@ def test_the_captured_step_decodes_sliding_window_layers_with_sinks_as_generate(
     ids, mask = left_padded([3, 9, 12], vocab=512)
     with pytest.raises(ValueError, match="padded to the sliding window"):
         captured_decode.greedy_generate(model, ids, mask, 4, pad_token_id=0, capture=False)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "gpt_oss"])
+def test_the_prompts_pass_in_groups_fills_the_cache_as_one_pass(tmp_path, tiny_gpt_oss, model_type):
+    # Rows of 3 to 30 tokens: in 4 groups, each cut to its longest prompt (at least the window, 16, for gpt-oss), the
+    # cache's keys and values at every slot a prompt token fills, and each row's last logits, are those of one pass
+    # over the whole batch (which also writes keys for the padding, masked).
+    model = (load_model(tiny_qwen2(tmp_path / "qwen2", 0.3), model_params("sdpa")).eval() if model_type == "qwen2"
+             else decoding_gpt_oss(tiny_gpt_oss))
+    ids, mask = left_padded([30, 3, 9, 22, 14, 6, 11, 5])
+    positions = mask.long().cumsum(-1) - 1
+    positions.masked_fill_(mask == 0, 1)
+    window = sliding_window(model.config)
+    caches = [(WindowCache if window else StaticCache)(config=model.config, max_cache_len=40) for _ in range(2)]
+    logits = [model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=caches[0], use_cache=True,
+                    logits_to_keep=1).logits[:, -1],
+              captured_decode.prefill(model, ids, mask, positions, caches[1], groups=4)]
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+    for whole, grouped in zip(*(cache.layers for cache in caches)):
+        held = whole.keys.shape[2]
+        filled = mask[:, -held:] if held <= 30 else torch.cat([mask, torch.zeros(8, held - 30, dtype=mask.dtype)], 1)
+        for mine, theirs in ((grouped.keys, whole.keys), (grouped.values, whole.values)):
+            slots = filled.bool()[:, None, :].expand(-1, mine.shape[1], -1)  # [rows, heads, slots]
+            torch.testing.assert_close(mine[slots], theirs[slots], rtol=1e-5, atol=1e-5)
+        if isinstance(whole, FullWindowLayer):
+            assert (grouped.cumulative_length_int, grouped.full) == (whole.cumulative_length_int, whole.full)
+        else:
+            assert int(grouped.cumulative_length) == int(whole.cumulative_length) == 30
