@@ -30,12 +30,9 @@ PREFILL_GROUPS = 4
 
 class BoundedLayer(StaticLayer):
     """transformers' static cache layer that gives attention its first `read_upto` slots (all of them where None):
-    the slots past the newest token are masked anyway. The prompts' pass reads the prompts' width of slots."""
+    the slots past the newest token are masked anyway."""
 
     read_upto: int | None = None
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return (self.read_upto or self.max_cache_len), 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         keys, values = super().update(key_states, value_states, *args, **kwargs)
@@ -66,9 +63,9 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     """The new tokens [rows, up to max_new_tokens] of greedy decoding after left-padded prompts, as transformers'
     generate gives them: pad_token_id after a row's end of sequence, and up to CHECK_FINISHED_EVERY columns of it after
     every row has ended. The prompts run through the model as generate runs them, in `prefill_groups`
-    (PREFILL_GROUPS) groups of rows (prefill); each later token is one step of the
-    model on a static cache (window_cache.WindowCache where the model has sliding-window layers: pad the prompts to at
-    least the window), under masks of the cache slots each row has filled. `capture`: record the step as a CUDA graph,
+    (PREFILL_GROUPS) groups of rows (prefill); each later token is one step of the model on a static cache
+    (window_cache.WindowCache where the model has sliding-window layers: pad the prompts to at least the window),
+    under masks of the cache slots each row has filled. `capture`: record the step as a CUDA graph,
     once for each block of `read_block` (READ_BLOCK) cache slots, and replay it (on a GPU); without, the same step runs
     eagerly (the CPU's check of its arithmetic)."""
     rows, width = input_ids.shape
