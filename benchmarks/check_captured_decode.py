@@ -5,13 +5,12 @@ against transformers' generate, and its ms per decode step against generate's ea
 The model loads in bfloat16 with the attention evaluation decodes with (use_for_generation); the prompts are the
 built-in questions as the evaluate stage asks them, left-padded into one batch. Every variant runs every row to
 --new-tokens (the end of sequence turned off), so that their tokens compare one for one: `captured` twice (the first
-call runs the warm-up step and records the graph), `captured, whole cache read` (one graph whose
-full-attention layers read the whole cache, not READ_BLOCK blocks), `the prompts' pass alone` (one new token; in
-PREFILL_GROUPS groups of rows, and in one),
-`captured, not recorded` (the same step, eagerly),
-and generate with its eager step on a dynamic cache, its eager step on a static cache, and its `cudagraphs` step
-(twice: the first compiles). One JSON line per call: seconds, ms per decode step, new tokens/s, peak GiB, and the
-share of tokens and rows equal to the first captured call's. `--variants` keeps some of them;
+call runs the warm-up step and records the graph), `captured, whole cache read` (one graph whose full-attention
+layers read the whole cache, not READ_BLOCK blocks), `the prompts' pass alone` (one new token; in PREFILL_GROUPS
+groups of rows, and in one), `captured, not recorded` (the same step, eagerly), and generate with its eager step on a
+dynamic cache, its eager step on a static cache, and its `cudagraphs` step (twice: the first compiles). One JSON line
+per call: seconds, ms per decode step, new tokens/s, peak GiB, and the share of tokens and rows equal to the first
+captured call's. `--variants` keeps some of them;
 `--profile-steps N` adds a line of the GPU time a decode step's kernels take, by kernel: torch's profiler over the
 step run eagerly for 2 + N tokens, less the same for 2 (the prompt's pass and the first step), over N.
 gpt-oss: `--attention flex_attention --experts grouped_mm` (as the recipe loads it; evaluation decodes with
@@ -47,7 +46,7 @@ def main():
     parser.add_argument("--variants", nargs="*", default=None,
                         help="some of: captured whole prefill uncaptured eager static cudagraphs (default: all)")
     parser.add_argument("--width", type=int, default=0, help="left-pad the prompts to this many tokens (a stage's "
-                        "prompt_width: its prefill_tokens / prompts)")
+                        "prompt width: its padded_prompt_tokens / prompts)")
     parser.add_argument("--profile-steps", type=int, default=0)
     parser.add_argument("--out")
     args = parser.parse_args()

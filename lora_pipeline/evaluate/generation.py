@@ -121,8 +121,8 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
     decode_step_options), on the cache decode_cache names. A static cache (a compiled step) compiles once per batch
     shape, so its prompts are padded to a multiple of PAD_MULTIPLE tokens; a WindowCache's, to at least the window.
     `stats`, if given, accumulates this process's new tokens, decode steps, seconds, and prompt tokens without and
-    with the padding. The captured step decodes
-    greedily, and takes no other generate arguments; its prompts are padded to at least the window too."""
+    with the batches' padding. The captured step decodes greedily, and takes no other generate arguments; its prompts
+    are padded to at least the window too."""
     if decode_step == "captured" and any(sampling.values()):
         raise ValueError(f"the captured decode step decodes greedily: {sampling} asks for more; use eval.decode_step: "
                          "eager or cudagraphs")
@@ -166,7 +166,7 @@ def generate_from_prompts(model, tokenizer, prompts: list[str], max_new_tokens: 
             stats["new_tokens"] = stats.get("new_tokens", 0) + int((new != tokenizer.pad_token_id).sum())
             stats["prompts"] = stats.get("prompts", 0) + len(batch)
             stats["prompt_tokens"] = stats.get("prompt_tokens", 0) + int(inputs["attention_mask"].sum())
-            stats["prefill_tokens"] = stats.get("prefill_tokens", 0) + inputs["input_ids"].numel()  # padding too
+            stats["padded_prompt_tokens"] = stats.get("padded_prompt_tokens", 0) + inputs["input_ids"].numel()
         for i, row in zip(batch, new):
             text = tokenizer.decode(row, skip_special_tokens=False)
             mine.append((i, text.replace(tokenizer.pad_token, "") if tokenizer.pad_token else text))

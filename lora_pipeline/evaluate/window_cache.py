@@ -19,7 +19,7 @@ class FullWindowLayer(StaticSlidingWindowLayer):
     of one token after a full prefill only rolls the window and writes the token, as the stock layer does once full;
     WindowCache.get_mask_sizes, which generate calls once a step outside the compiled step, advances the count."""
 
-    full = False  # the prefill filled the window: each one-token step takes the rolling path
+    full = False  # the prefill filled the window: each one-token step rolls it (or writes its ring, below)
     # Where set (the captured decode step sets it), a one-token step on a full window writes its token at this index
     # [1] and rolls nothing: the window is a ring, its oldest token overwritten in place, and the step's mask says
     # which slot holds which token (attention does not depend on the order of the keys).
