@@ -73,7 +73,7 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     if window and width < window:
         raise ValueError(f"the captured decode step needs prompts padded to the sliding window ({window} tokens): "
                          f"got {width}")
-    cache = (WindowCache if window else StaticCache)(config=model.config, max_cache_len=slots)
+    cache = static_cache(model.config, slots)
     cache.layers = [BoundedLayer(max_cache_len=slots) if type(layer) is StaticLayer else layer
                     for layer in cache.layers]
     bounded = [layer for layer in cache.layers if isinstance(layer, BoundedLayer)]
@@ -143,6 +143,11 @@ def greedy_generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     return new[:, :columns]
 
 
+def static_cache(config, length: int) -> StaticCache:
+    """transformers' static cache of `length` slots, WindowCache where the model has sliding-window layers."""
+    return (WindowCache if sliding_window(config) else StaticCache)(config=config, max_cache_len=length)
+
+
 def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, cache,
             groups: int) -> torch.Tensor:
     """The prompts' pass into `cache`, which it leaves as one pass of the whole batch would: the logits of each row's
@@ -156,7 +161,7 @@ def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, positi
     logits = None
     for group in torch.tensor_split(torch.argsort(lengths, stable=True), min(groups, rows)):
         wide = min(width, max(int(lengths[group].max()), window, 1))
-        part = (WindowCache if window else StaticCache)(config=model.config, max_cache_len=wide)
+        part = static_cache(model.config, wide)
         last = model(input_ids=input_ids[group, -wide:], attention_mask=attention_mask[group, -wide:],
                      position_ids=positions[group, -wide:], cache=part, use_cache=True, logits_to_keep=1).logits[:, -1]
         logits = last.new_empty(rows, last.shape[-1]) if logits is None else logits

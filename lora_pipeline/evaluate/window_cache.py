@@ -34,11 +34,11 @@ class FullWindowLayer(StaticSlidingWindowLayer):
             torch._dynamo.mark_static_address(self.last)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if key_states.shape[-2] == 1 and self.full and self.ring is not None:
-            self.keys.index_copy_(2, self.ring, key_states)
-            self.values.index_copy_(2, self.ring, value_states)
-            return self.keys, self.values
         if key_states.shape[-2] == 1 and self.full:
+            if self.ring is not None:
+                self.keys.index_copy_(2, self.ring, key_states)
+                self.values.index_copy_(2, self.ring, value_states)
+                return self.keys, self.values
             keys, values = self.keys.roll(-1, dims=-2), self.values.roll(-1, dims=-2)
             keys[:, :, self.last] = key_states
             values[:, :, self.last] = value_states
