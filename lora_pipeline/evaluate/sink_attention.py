@@ -1,4 +1,5 @@
-"""gpt-oss's eager sink attention for decoding, the KV cache read in place, not copied per query head."""
+"""gpt-oss's eager sink attention for decoding, the KV cache read in place, not copied per query head; a decode step's
+in one fused kernel."""
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -10,7 +11,8 @@ def for_model(model_type: str, attention: str) -> tuple[str, str | None]:
     """The attention evaluation runs for `attention` (inference_attention's choice), and why it differs: gpt-oss's
     eager attention runs as this module's, the same arithmetic without copies of the keys and values per head."""
     if model_type == "gpt_oss" and attention == "eager":
-        return NAME, f"gpt-oss's eager attention runs as {NAME} (no copy of the keys and values per head)"
+        return NAME, (f"gpt-oss's eager attention runs as {NAME} (no copy of the keys and values per head; a decode "
+                      "step's in one fused kernel)")
     return attention, None
 
 
@@ -24,9 +26,12 @@ def grouped_sink_attention(module, query, key, value, attention_mask, scaling, d
     """transformers' gpt-oss eager attention (sinks included; inference: no dropout) with the query heads of each
     key/value head in one matmul, so the keys and values are read where the cache holds them. transformers' repeat_kv
     copies each layer's cache once per query head every step instead: for gpt-oss-20b's 64 query and 8 KV heads,
-    8 copies of the whole cache. A pass of more than SCORES_AT_ONCE scores runs in chunks of queries and returns no
-    weights (as sdpa returns none): returning them would hold every score at once again."""
+    8 copies of the whole cache. A decode step (one query a row) runs as attend_fused where FUSED_DECODE, and returns
+    no weights. A pass of more than SCORES_AT_ONCE scores runs in chunks of queries and returns no weights either (as
+    sdpa returns none): returning them would hold every score at once again."""
     batch, heads, q_len, _ = query.shape
+    if q_len == 1 and FUSED_DECODE:
+        return attend_fused(module, query, key, value, attention_mask, scaling), None
     chunk = max(1, SCORES_AT_ONCE // (batch * heads * key.shape[2]))
     if q_len <= chunk:
         return attend(module, query, key, value, attention_mask, scaling)
@@ -51,6 +56,38 @@ def attend(module, query, key, value, attention_mask, scaling):
     weights = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
     out = torch.matmul(weights.reshape(batch, kv_heads, groups * q_len, -1), value)
     return out.view(batch, heads, q_len, dim).transpose(1, 2).contiguous(), weights.reshape(batch, heads, q_len, -1)
+
+
+# A decode step attends in one fused kernel (attend_fused) rather than in attend's matmuls and softmax, which write and
+# read every score several times: the check script turns it off to compare the two.
+FUSED_DECODE = True
+
+
+def attend_fused(module, query, key, value, attention_mask, scaling):
+    """The attention of one query a row (a decode step) in one fused kernel that returns each softmax's log-sum-exp:
+    the query heads of a key/value head as that head's queries (one query a row attends with no causal mask, so
+    they are independent), then the sinks: a sink adds exp(sink) to the softmax's denominator, which scales the
+    output by sigmoid(logsumexp - sink). PyTorch's memory-efficient attention on a GPU, its flash attention on the
+    CPU; the scores never leave the kernel."""
+    batch, heads, _, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    grouped = query.reshape(batch, kv_heads, groups, dim)
+    bias = None
+    if attention_mask is not None:
+        bias = attention_mask[:, :, :, :length]
+        if length % 8:  # the kernel reads the bias in rows aligned to 8 elements: a slice of a wider one
+            bias = torch.nn.functional.pad(bias, (0, 8 - length % 8))[..., :length]
+        bias = bias.expand(batch, kv_heads, groups, length)
+    if query.is_cuda:
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(grouped, key, value, bias, True,
+                                                                          scale=scaling)[:2]
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(grouped, key, value, attn_mask=bias,
+                                                                              scale=scaling)
+    wide = torch.promote_types(value.dtype, torch.float32)
+    kept = torch.sigmoid(lse[..., :groups].to(wide) - module.sinks.to(wide).view(kv_heads, groups))
+    return (out.to(wide) * kept[..., None]).to(value.dtype).reshape(batch, 1, heads, dim)
 
 
 AttentionInterface.register(NAME, grouped_sink_attention)

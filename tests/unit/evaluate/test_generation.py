@@ -84,7 +84,8 @@ def test_use_for_loss_switches_the_model_and_says_what_runs(tiny_gpt_oss):
     chosen = use_for_loss(model)
     assert (chosen["attention"], chosen["experts"]) == (SINKS, "grouped_mm") == (
         model.config._attn_implementation, experts_implementation(model))
-    assert chosen["notes"] == [f"gpt-oss's eager attention runs as {SINKS} (no copy of the keys and values per head)"]
+    assert chosen["notes"] == [f"gpt-oss's eager attention runs as {SINKS} (no copy of the keys and values per head; "
+                               "a decode step's in one fused kernel)"]
     assert heldout_loss(model, tokenizer, rows, max_length=2048, batch_size=3) == eager  # eager's arithmetic
 
 

@@ -1,6 +1,6 @@
 """sink_attention, gpt-oss's decoding attention: transformers' eager arithmetic, each query head with its own sink and
-its own key/value head, without repeat_kv's copies; the GPU check script's comparison (in bfloat16, both against
-float64) on the CPU."""
+its own key/value head, without repeat_kv's copies, a decode step's in one fused kernel (the CPU's flash attention
+here); the GPU check script's comparison (in bfloat16, both against float64) on the CPU."""
 import sys
 from types import SimpleNamespace
 
@@ -29,14 +29,29 @@ def attention_inputs(q_len, k_len, dtype, heads=8, kv_heads=2, batch=3):
     return module, q, k, v, mask, 16 ** -0.5
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("q_len, k_len", [(1, 9), (1, 40), (7, 7)])
-def test_it_computes_eagers_attention(q_len, k_len):
-    # float64: the same sums in another order agree to rounding far below any dtype a model runs in
+def test_it_computes_eagers_attention(monkeypatch, fused, q_len, k_len):
+    # float64: the same sums in another order agree to rounding far below any dtype a model runs in. A fused decode
+    # step (one query a row) returns no weights; 9 keys: a mask not aligned to 8 elements.
+    monkeypatch.setattr(sink_attention, "FUSED_DECODE", fused)
     inputs = attention_inputs(q_len, k_len, torch.float64)
     want, want_weights = eager_attention_forward(*inputs)
     got, got_weights = grouped_sink_attention(*inputs)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(got_weights, want_weights, rtol=1e-12, atol=1e-12)
+    if fused and q_len == 1:
+        assert got_weights is None
+    else:
+        torch.testing.assert_close(got_weights, want_weights, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_decode_step_keeps_the_models_dtype_and_takes_no_mask(dtype):
+    module, q, k, v, mask, scaling = attention_inputs(1, 12, dtype)
+    want, _ = sink_attention.attend(module, q, k, v, None, scaling)
+    got, _ = grouped_sink_attention(module, q, k, v, None, scaling)
+    assert got.dtype == dtype and got.shape == want.shape == (3, 1, 8, 16)
+    torch.testing.assert_close(got, want, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
@@ -61,7 +76,8 @@ def test_each_head_keeps_its_own_sink_and_key_value_head():
 
 def test_the_gpu_check_passes_on_the_cpu_and_fails_a_wrong_attention(monkeypatch):
     row = check_sink_attention.check(batch=2, q_len=1, k_len=64, device=torch.device("cpu"))
-    assert row["passed"] and row["bitwise_equal"], row
+    assert row["passed"] and row["bitwise_equal"], row  # eager and the unfused grouped attention: the same arithmetic
+    assert row["grouped"]["mean_rel_error"] <= row["eager"]["mean_rel_error"] * check_sink_attention.TOLERANCE
     chunked = check_sink_attention.check(batch=2, q_len=16, k_len=16, device=torch.device("cpu"), queries_at_once=5)
     assert chunked["passed"] and chunked["queries_at_once"] == 5, chunked
     assert sink_attention.SCORES_AT_ONCE == 2**30  # set back
