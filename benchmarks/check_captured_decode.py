@@ -5,13 +5,13 @@ against transformers' generate, and its ms per decode step against generate's ea
 The model loads in bfloat16 with the attention evaluation decodes with (use_for_generation); the prompts are the
 built-in questions as the evaluate stage asks them, left-padded into one batch. Every variant runs every row to
 --new-tokens (the end of sequence turned off), so that their tokens compare one for one: `captured` twice (the first
-call runs the warm-up step and records the graph), `captured, whole cache read` (one graph whose full-attention
-layers read the whole cache, not READ_BLOCK blocks), `the prompts' pass alone` (one new token; in PREFILL_GROUPS
-groups of rows, and in one), `captured, not recorded` (the same step, eagerly), and generate with its eager step on a
-dynamic cache, its eager step on a static cache, and its `cudagraphs` step (twice: the first compiles). One JSON line
-per call: seconds, ms per decode step, new tokens/s, peak GiB, and the share of tokens and rows equal to the first
-captured call's. `--variants` keeps some of them;
-`--profile-steps N` adds a line of the GPU time a decode step's kernels take, by kernel: torch's profiler over the
+call runs the warm-up step and records the graph), `captured, unfused decode attention` (gpt-oss: each step's
+attention in sink_attention.attend's matmuls and softmax, not attend_fused), `captured, whole cache read` (one graph
+whose full-attention layers read the whole cache, not READ_BLOCK blocks), `the prompts' pass alone` (one new token;
+in PREFILL_GROUPS groups of rows, and in one), `captured, not recorded` (the same step, eagerly), and generate with
+its eager step on a dynamic cache, its eager step on a static cache, and its `cudagraphs` step (twice: the first
+compiles). One JSON line per call: seconds, ms per decode step, new tokens/s, peak GiB, and the share of tokens and
+rows equal to the first captured call's. `--variants` keeps some of them; `--profile-steps N` adds a line of the GPU time a decode step's kernels take, by kernel: torch's profiler over the
 step run eagerly for 2 + N tokens, less the same for 2 (the prompt's pass and the first step), over N.
 gpt-oss: `--attention flex_attention --experts grouped_mm` (as the recipe loads it; evaluation decodes with
 `grouped_sink_eager` and `grouped_mm_generate`).
@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import torch
 
 from lora_pipeline.data import builtin as builtin_data
+from lora_pipeline.evaluate import sink_attention
 from lora_pipeline.evaluate.captured_decode import greedy_generate
 from lora_pipeline.evaluate.generation import decode_step_options, use_for_generation
 from lora_pipeline.evaluate.window_cache import sliding_window
@@ -44,7 +45,8 @@ def main():
     parser.add_argument("--attention", default="sdpa")
     parser.add_argument("--experts", default=None)
     parser.add_argument("--variants", nargs="*", default=None,
-                        help="some of: captured whole prefill uncaptured eager static cudagraphs (default: all)")
+                        help="some of: captured unfused whole prefill uncaptured eager static cudagraphs "
+                        "(default: all)")
     parser.add_argument("--width", type=int, default=0, help="left-pad the prompts to this many tokens (a stage's "
                         "prompt width: its padded_prompt_tokens / prompts)")
     parser.add_argument("--profile-steps", type=int, default=0)
@@ -76,6 +78,8 @@ def main():
 
     variants = [("captured", "captured", lambda: greedy_generate(model, ids, mask, args.new_tokens, pad)),
                 ("captured", "captured", lambda: greedy_generate(model, ids, mask, args.new_tokens, pad)),
+                ("unfused", "captured, unfused decode attention", lambda: unfused(
+                    lambda: greedy_generate(model, ids, mask, args.new_tokens, pad))),
                 ("whole", "captured, whole cache read",
                  lambda: greedy_generate(model, ids, mask, args.new_tokens, pad, read_block=width + args.new_tokens)),
                 ("prefill", "the prompts' pass alone", lambda: greedy_generate(model, ids, mask, 1, pad)),
@@ -116,6 +120,15 @@ def main():
               "kernel_ms_per_step": round(sum(per_step.values()), 2),
               "top_kernels_ms": [[name[:90], round(ms, 3)] for name, ms in top],
               "attention": chosen["attention"], "experts": chosen["experts"], "device": device_name()}, args.out)
+
+
+def unfused(run):
+    """`run` with gpt-oss's decode steps attending unfused (sink_attention.attend, not attend_fused)."""
+    fused, sink_attention.FUSED_DECODE = sink_attention.FUSED_DECODE, False
+    try:
+        return run()
+    finally:
+        sink_attention.FUSED_DECODE = fused
 
 
 def kernel_ms(run) -> dict[str, float]:
