@@ -11,8 +11,9 @@ whose full-attention layers read the whole cache, not READ_BLOCK blocks), `the p
 in PREFILL_GROUPS groups of rows, and in one), `captured, not recorded` (the same step, eagerly), and generate with
 its eager step on a dynamic cache, its eager step on a static cache, and its `cudagraphs` step (twice: the first
 compiles). One JSON line per call: seconds, ms per decode step, new tokens/s, peak GiB, and the share of tokens and
-rows equal to the first captured call's. `--variants` keeps some of them; `--profile-steps N` adds a line of the GPU time a decode step's kernels take, by kernel: torch's profiler over the
-step run eagerly for 2 + N tokens, less the same for 2 (the prompt's pass and the first step), over N.
+rows equal to the first captured call's. `--variants` keeps some of them; `--profile-steps N` adds a line of the GPU
+time a decode step's kernels take, by kernel: torch's profiler over the step run eagerly for 2 + N tokens, less the
+same for 2 (the prompt's pass and the first step), over N.
 gpt-oss: `--attention flex_attention --experts grouped_mm` (as the recipe loads it; evaluation decodes with
 `grouped_sink_eager` and `grouped_mm_generate`).
 """
