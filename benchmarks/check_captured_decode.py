@@ -79,8 +79,8 @@ def main():
 
     variants = [("captured", "captured", lambda: greedy_generate(model, ids, mask, args.new_tokens, pad)),
                 ("captured", "captured", lambda: greedy_generate(model, ids, mask, args.new_tokens, pad)),
-                ("unfused", "captured, unfused decode attention", lambda: unfused(
-                    lambda: greedy_generate(model, ids, mask, args.new_tokens, pad))),
+                ("unfused", "captured, unfused decode attention",
+                 lambda: unfused(model, ids, mask, args.new_tokens, pad)),
                 ("whole", "captured, whole cache read",
                  lambda: greedy_generate(model, ids, mask, args.new_tokens, pad, read_block=width + args.new_tokens)),
                 ("prefill", "the prompts' pass alone", lambda: greedy_generate(model, ids, mask, 1, pad)),
@@ -123,13 +123,11 @@ def main():
               "attention": chosen["attention"], "experts": chosen["experts"], "device": device_name()}, args.out)
 
 
-def unfused(run):
-    """`run` with gpt-oss's decode steps attending unfused (sink_attention.attend, not attend_fused)."""
-    fused, sink_attention.FUSED_DECODE = sink_attention.FUSED_DECODE, False
-    try:
-        return run()
-    finally:
-        sink_attention.FUSED_DECODE = fused
+def unfused(*args):
+    """greedy_generate(*args) with gpt-oss's decode steps attending unfused (sink_attention.attend, not
+    attend_fused)."""
+    with sink_attention.fused_decode(False):
+        return greedy_generate(*args)
 
 
 def kernel_ms(run) -> dict[str, float]:

@@ -47,12 +47,8 @@ def inputs(batch, q_len, k_len, device, seed=0):
 def attend(how, q, k, v, sinks, mask, dtype):
     module = SimpleNamespace(sinks=sinks.to(dtype), num_key_value_groups=HEADS // KV_HEADS, training=False)
     args = (module, q.to(dtype), k.to(dtype), v.to(dtype), mask.to(dtype), HEAD_DIM ** -0.5)
-    fused = sink_attention.FUSED_DECODE
-    sink_attention.FUSED_DECODE = how == "grouped"
-    try:
+    with sink_attention.fused_decode(how == "grouped"):
         out, _ = (eager_attention_forward if how == "eager" else grouped_sink_attention)(*args)
-    finally:
-        sink_attention.FUSED_DECODE = fused
     return out
 
 

@@ -1,5 +1,7 @@
 """gpt-oss's eager sink attention for decoding, the KV cache read in place, not copied per query head; a decode step's
 in one fused kernel."""
+from contextlib import contextmanager
+
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -59,8 +61,19 @@ def attend(module, query, key, value, attention_mask, scaling):
 
 
 # A decode step attends in one fused kernel (attend_fused) rather than in attend's matmuls and softmax, which write and
-# read every score several times: the check script turns it off to compare the two.
+# read every score several times: the check scripts turn it off (fused_decode) to compare the two.
 FUSED_DECODE = True
+
+
+@contextmanager
+def fused_decode(on: bool):
+    """FUSED_DECODE set to `on` inside the block, and back after it."""
+    global FUSED_DECODE
+    before, FUSED_DECODE = FUSED_DECODE, on
+    try:
+        yield
+    finally:
+        FUSED_DECODE = before
 
 
 def attend_fused(module, query, key, value, attention_mask, scaling):

@@ -84,3 +84,11 @@ def test_the_gpu_check_passes_on_the_cpu_and_fails_a_wrong_attention(monkeypatch
     wrong = lambda module, q, k, v, *rest: grouped_sink_attention(module, q, k.flip(2), v, *rest)  # noqa: E731
     monkeypatch.setattr(check_sink_attention, "grouped_sink_attention", wrong)
     assert not check_sink_attention.check(batch=2, q_len=1, k_len=64, device=torch.device("cpu"))["passed"]
+
+
+def test_the_fused_decode_switch_is_set_back_after_its_block():
+    with pytest.raises(RuntimeError):
+        with sink_attention.fused_decode(False):
+            assert not sink_attention.FUSED_DECODE
+            raise RuntimeError
+    assert sink_attention.FUSED_DECODE
