@@ -11,7 +11,8 @@ NAME = "grouped_sink_eager"
 
 def for_model(model_type: str, attention: str) -> tuple[str, str | None]:
     """The attention evaluation runs for `attention` (inference_attention's choice), and why it differs: gpt-oss's
-    eager attention runs as this module's, the same arithmetic without copies of the keys and values per head."""
+    eager attention runs as this module's, without copies of the keys and values per head: eager's arithmetic, but a
+    decode step's in one fused kernel that sums in float32."""
     if model_type == "gpt_oss" and attention == "eager":
         return NAME, (f"gpt-oss's eager attention runs as {NAME} (no copy of the keys and values per head; a decode "
                       "step's in one fused kernel)")
