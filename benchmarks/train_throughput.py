@@ -144,6 +144,9 @@ def main():
     parser.add_argument("--experts-glue", choices=["auto", "eager", "compiled"], default="auto",
                         help="model.experts_implementation grouped_mm_mxfp4 only: the elementwise work between the "
                         "experts' grouped GEMMs as torch ops (eager) or compiled by Inductor")
+    parser.add_argument("--experts-decoder", choices=["auto", "triton", "compiled", "eager"], default="auto",
+                        help="model.experts_implementation grouped_mm_mxfp4 only: how the packed expert weights are "
+                        "decoded (mxfp4_experts.DECODERS)")
     parser.add_argument("--logging-steps", type=int, help="log (and read the loss) every N steps (default: the "
                         "recipe's train.sft.logging_steps; with --workload builtin, 1)")
     parser.add_argument("--sync-each-step", action="store_true", help="wait for the GPU at every step's end, as the "
@@ -236,7 +239,8 @@ def main():
     if args.sync_debug:  # only then: "always" would repeat every other warning at every step too
         show_warning, warnings.showwarning = warnings.showwarning, note_sync
         warnings.simplefilter("always", UserWarning)
-    with forced_path(glue=None if args.experts_glue == "auto" else args.experts_glue):
+    with forced_path(glue=None if args.experts_glue == "auto" else args.experts_glue,
+                     decoder=None if args.experts_decoder == "auto" else args.experts_decoder):
         trainer.train()
     torch.cuda.set_sync_debug_mode(0)
     if args.sync_debug and state.is_main_process:

@@ -23,14 +23,16 @@ from lora_pipeline.model.checks import MXFP4_EXPERTS, PACKED, packing_problems
 from lora_pipeline.model.loading import experts_modules, set_experts_implementation
 from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, decode_table
 from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk, expert_to_disk
+from lora_pipeline.model import mxfp4_triton
 
 __all__ = ["DECODERS", "GLUES", "PATHS", "PackedGroupedLinear", "decode_weight", "down_glue", "forced_path",
            "gate_up_glue", "pack_experts", "paths_run"]
 
 PATHS = ("grouped_mm", "loop")  # one grouped GEMM per projection, or a matmul per expert (where there is no kernel)
-# How a packed weight is decoded: one compiled elementwise pass (table lookup and scale in registers), or
-# mxfp4.dequantize_mxfp4's torch ops, several passes over 16-bit temporaries (docs/performance.md has the cost).
-DECODERS = ("compiled", "eager")
+# How a packed weight is decoded: one Triton kernel (mxfp4_triton: a run of bytes a program, two values a byte), one
+# elementwise pass compiled by Inductor (table lookup and scale in registers), or mxfp4.dequantize_mxfp4's torch ops,
+# several passes over 16-bit temporaries (docs/performance.md has the cost).
+DECODERS = ("triton", "compiled", "eager")
 # The elementwise work around the two grouped GEMMs (biases, gpt-oss's clamped GLU, routing weights, the rows back in
 # token order): transformers' torch ops, a kernel each, or two functions compiled by Inductor with dynamic row
 # counts, forward and backward fused. Compiled on a GPU, eager elsewhere, unless forced (glue_for, forced_path).
@@ -116,6 +118,8 @@ def decode_weight(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
     mxfp4_checkpoint.expert_from_disk decodes it (the same values, bit for bit), through `decoder`."""
     if decoder == "eager":
         return expert_from_disk(blocks, scales, dtype)
+    if decoder == "triton":
+        return mxfp4_triton.decode(blocks, scales, dtype).transpose(-2, -1)
     values, powers = (decode_table(name, torch.float32, blocks.device) for name in ("fp4", "e8m0"))
     return _decode_compiled(blocks, scales, values, powers, dtype).transpose(-2, -1)
 

@@ -258,7 +258,7 @@ def test_compiled_glue_trains_as_the_eager_one(tiny_dir, dtype):
 
 def test_forced_path_names_what_it_accepts():
     with pytest.raises(ValueError, match="decoder must be one of"):
-        with forced_path(decoder="triton"):
+        with forced_path(decoder="cutlass"):
             pass
     with pytest.raises(ValueError, match="glue must be one of"):
         with forced_path(glue="triton"):

@@ -1,0 +1,78 @@
+"""GPU check: the packed experts' decoders (lora_pipeline.model.mxfp4_experts DECODERS) at gpt-oss-20b's expert
+shapes, against mxfp4.dequantize_mxfp4 bit for bit, each timed beside a plain copy of the decoded weight's bytes
+(the memory's pace). One JSON line per decoder and weight.
+    python benchmarks/check_mxfp4_decode.py [--experts 32] [--out rows.jsonl]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4  # noqa: E402
+from lora_pipeline.model.mxfp4_experts import DECODERS, decode_weight  # noqa: E402
+
+HIDDEN, INTERMEDIATE = 2880, 2880  # gpt-oss-20b
+WEIGHTS = {"gate_up_proj": (2 * INTERMEDIATE, HIDDEN), "down_proj": (HIDDEN, INTERMEDIATE)}  # [out, in]
+
+
+def packed(experts, out, k, device, seed=0):
+    """Random blocks and scales of realistic exponents (2**-16 .. 2**3), plus a few of every scale byte."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    blocks = torch.randint(0, 256, (experts, out, k // MXFP4_BLOCK, MXFP4_BLOCK // 2), dtype=torch.uint8,
+                           generator=gen)
+    scales = torch.randint(111, 131, (experts, out, k // MXFP4_BLOCK), dtype=torch.uint8, generator=gen)
+    scales.view(-1)[:256] = torch.arange(256, dtype=torch.uint8)
+    return blocks.to(device), scales.to(device)
+
+
+def seconds_per_call(fn, repeat=20):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeat):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1000 / repeat
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experts", type=int, default=32)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    rows = []
+    for name, (out, k) in WEIGHTS.items():
+        blocks, scales = packed(args.experts, out, k, device)
+        expected = dequantize_mxfp4(blocks, scales, torch.bfloat16).transpose(-2, -1)
+        decoded_bytes = expected.numel() * expected.element_size()
+        source = torch.empty_like(expected)
+        copy_s = seconds_per_call(lambda: source.clone())  # reads and writes the decoded weight's bytes
+        moved = blocks.numel() + scales.numel() + decoded_bytes  # what a decoder must read and write at least
+        for decoder in DECODERS:
+            got = decode_weight(blocks, scales, torch.bfloat16, decoder)
+            same = bool(torch.equal(got.view(torch.int16), expected.view(torch.int16))) and got.shape == expected.shape
+            seconds = seconds_per_call(lambda: decode_weight(blocks, scales, torch.bfloat16, decoder))
+            row = {"check": "mxfp4_decode", "weight": name, "shape": list(blocks.shape), "decoder": decoder,
+                   "bitwise_equal": same, "ms": round(seconds * 1e3, 3), "gb_per_s": round(moved / seconds / 1e9),
+                   "copy_ms": round(copy_s * 1e3, 3), "copy_gb_per_s": round(2 * decoded_bytes / copy_s / 1e9),
+                   "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            del got
+    if args.out:
+        with args.out.open("a") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+    if not all(row["bitwise_equal"] for row in rows):
+        sys.exit("a decoder's weight differs from dequantize_mxfp4's")
+
+
+if __name__ == "__main__":
+    main()
