@@ -56,6 +56,9 @@ def decode(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> to
     if per_group != MXFP4_BLOCK // 2 or tuple(scales.shape) != (*prefix, groups):
         raise ValueError(f"blocks must be [..., G, {MXFP4_BLOCK // 2}] and scales [..., G]; got "
                          f"{tuple(blocks.shape)} and {tuple(scales.shape)}")
+    if blocks.device.type != "cuda" or not available():
+        raise RuntimeError(f"the triton decoder runs on a GPU with Triton installed, got {blocks.device.type} tensors"
+                           f"{'' if available() else ' and no Triton'}; the compiled and eager decoders run anywhere")
     blocks, scales = blocks.contiguous(), scales.contiguous()
     out = torch.empty(*prefix, groups * MXFP4_BLOCK, dtype=dtype, device=blocks.device)
     values, powers = (decode_table(name, torch.float32, blocks.device) for name in ("fp4", "e8m0"))

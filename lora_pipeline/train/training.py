@@ -1,6 +1,7 @@
 """The train stage's trainer (TRL's SFTTrainer over LoRA) with the speed levers params choose, shared with the benchmark."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -11,6 +12,7 @@ import torch
 from accelerate import PartialState
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+import trl.trainer.utils
 from trl import SFTConfig, SFTTrainer
 
 from lora_pipeline.launch.ancestors import any_gone, dvc_ancestors
@@ -107,13 +109,31 @@ def _read_tensors(values: list) -> list:
     return [next(read) if isinstance(v, torch.Tensor) else v for v in values]
 
 
+@contextlib.contextmanager
+def every_position_scored():
+    """TRL's tiled LM head (fused_lm_head) scores every position of the batch and masks the unlabelled ones after, as
+    it does on devices without Triton. On a GPU it would first select the labelled positions with a boolean mask,
+    which waits for the GPU to count them: once in the forward and twice in the backward of every micro-step. The
+    unlabelled positions then cost their share of the LM head: few in padding-free rows of whole conversations."""
+    if not hasattr(trl.trainer.utils, "_use_triton"):
+        raise RuntimeError("train.host_syncs: at_logging: this TRL no longer chooses its LM head's positions by "
+                           "trl.trainer.utils._use_triton; use host_syncs: each_step, or the TRL of requirements.txt")
+    chosen = trl.trainer.utils._use_triton
+    trl.trainer.utils._use_triton = lambda device: False
+    try:
+        yield
+    finally:
+        trl.trainer.utils._use_triton = chosen
+
+
 class SyncFreeSFTTrainer(SFTTrainer):
     """SFTTrainer whose own code does not wait for the GPU between logs (train.host_syncs: at_logging). TRL's
     entropy, token accuracy and token count and the Trainer's count of input tokens stay GPU tensors until a step is
     logged or a checkpoint saved; the Trainer's stand-in for a nan or inf loss (the mean of the losses since the last
-    log) is chosen on the GPU. The figures logged are those TRL and the Trainer log, read later. The loss is TRL's
-    (with an MoE's router aux loss, as TRL adds it); whatever else TRL's compute_loss handles (a compute_loss_func,
-    label smoothing, sequence or tensor parallelism, evaluation) runs TRL's own code."""
+    log) is chosen on the GPU; TRL's LM head scores every position (every_position_scored). The figures logged are
+    those TRL and the Trainer log, read later. The loss is TRL's (with an MoE's router aux loss, as TRL adds it);
+    whatever else TRL's compute_loss handles (a compute_loss_func, label smoothing, sequence or tensor parallelism,
+    evaluation) runs TRL's own code."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -138,7 +158,8 @@ class SyncFreeSFTTrainer(SFTTrainer):
         inputs["use_cache"] = False
         if self.aux_loss_enabled:  # MoE (gpt-oss): the router's load-balancing loss, as TRL adds it
             inputs["output_router_logits"] = True
-        outputs = model(**inputs, fused_lm_head=True)  # as TRL: its tiled LM head, log-probs of the labels only
+        with every_position_scored():
+            outputs = model(**inputs, fused_lm_head=True)  # as TRL: its tiled LM head, log-probs of the labels only
         per_token_loss = -outputs.log_probs
         if self.args.loss_type == "dft":
             per_token_loss = per_token_loss * outputs.log_probs.exp().detach()
@@ -267,7 +288,7 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
         record["compiled_layers"] = compiled
     if sync_free:  # likewise
         record["host_syncs"] = {"setting": "at_logging", "non_blocking_copies": args.dataloader_pin_memory,
-                                "trainer": type(trainer).__name__}
+                                "trainer": type(trainer).__name__, "lm_head": "every position"}
     log.warning("training with %s", record)
     return trainer, record
 

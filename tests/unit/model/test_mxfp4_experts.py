@@ -423,8 +423,25 @@ def test_validate_accepts_packed_experts_of_tiny_gpt_oss(monkeypatch):
     assert validate_all(shipped(**GPT_OSS)).model.experts_implementation == MXFP4_EXPERTS
 
 
-def test_a_gpu_compiles_the_decode_and_the_glue_a_cpu_runs_them_eagerly_unless_forced():
-    for choose, forced in ((decoder_for, {"decoder": "compiled"}), (glue_for, {"glue": "compiled"})):
-        assert (choose(torch.device("cuda")), choose(torch.device("cpu"))) == ("compiled", "eager")
+@pytest.mark.parametrize("triton", [True, False])
+def test_a_gpu_compiles_the_decode_and_the_glue_a_cpu_runs_them_eagerly_unless_forced(monkeypatch, triton):
+    """A GPU decodes with the Triton kernel where Triton is installed, else with the compiled pass."""
+    from lora_pipeline.model import mxfp4_triton
+
+    monkeypatch.setattr(mxfp4_triton, "available", lambda: triton)
+    gpu_decoder = "triton" if triton else "compiled"
+    for choose, forced, on_gpu in ((decoder_for, {"decoder": "compiled"}, gpu_decoder),
+                                   (glue_for, {"glue": "compiled"}, "compiled")):
+        assert (choose(torch.device("cuda")), choose(torch.device("cpu"))) == (on_gpu, "eager")
         with forced_path(**forced):
-            assert choose(torch.device("cpu")) == "compiled"
+            assert (choose(torch.device("cuda")), choose(torch.device("cpu"))) == ("compiled", "compiled")
+
+
+def test_the_triton_decoder_names_what_it_needs():
+    from lora_pipeline.model import mxfp4_triton
+
+    blocks, scales = torch.zeros(2, 3, 16, dtype=torch.uint8), torch.zeros(2, 3, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"blocks must be \[\.\.\., G, 16\]"):
+        mxfp4_triton.decode(blocks[..., :8], scales, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="on a GPU"):
+        mxfp4_triton.decode(blocks, scales, torch.bfloat16)

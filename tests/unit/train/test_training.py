@@ -193,9 +193,10 @@ def test_fsdp2_sharded_adapter_is_gathered_whole_and_reloads(tmp_path):
 
 
 
-def _device_reads(trainer, step: int) -> list[str]:
-    """The places in TRL's, the Trainer's and this project's training code that read a tensor's value to the host
-    (`.item()`, `bool()`, `.tolist()`: on a GPU, each waits for it) during optimizer step `step`."""
+def _device_reads(trainer, step: int, files=("trainer.py", "sft_trainer.py", "training.py")) -> list[str]:
+    """The places in `files` (by default TRL's, the Trainer's and this project's training code) that read a tensor's
+    value to the host (`.item()`, `bool()`, `.tolist()`, a selection by a boolean mask, forward or backward: on a GPU,
+    each waits for it) during optimizer step `step`."""
     import traceback
     from pathlib import Path
 
@@ -203,12 +204,17 @@ def _device_reads(trainer, step: int) -> list[str]:
     from transformers import TrainerCallback
 
     reads = []
+    aten = torch.ops.aten
+    always = (aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default)
+    by_mask = (aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)
 
     class Reads(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._local_scalar_dense.default or func is torch.ops.aten.nonzero.default:
+            masks = func in by_mask and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                            for i in args[1] if i is not None)
+            if func in always or masks:
                 frame = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename][-1]
-                if Path(frame.filename).name in ("trainer.py", "sft_trainer.py", "training.py"):
+                if Path(frame.filename).name in files:
                     reads.append(f"{Path(frame.filename).name}:{frame.lineno}")
             return func(*args, **(kwargs or {}))
 
@@ -268,3 +274,32 @@ def test_host_syncs_at_logging_read_nothing_between_logs_and_log_what_trl_logs(t
     assert free[3] == each[3] > 0
     for key, weight in each[2].items():
         torch.testing.assert_close(free[2][key], weight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt-oss"])
+def test_at_logging_scores_every_position_where_trl_would_select_the_labelled_ones(tmp_path, monkeypatch, arch):
+    """On a GPU with Triton, TRL's LM head selects the labelled positions by a boolean mask, forward and backward:
+    three waits for the GPU a micro-step. Under train.host_syncs at_logging it scores every position instead
+    (training.every_position_scored): a step reads nothing, and logs the loss, entropy and token accuracy TRL's
+    selection logs, to float rounding. TRL is told it runs where Triton is (this CPU has none)."""
+    import trl.trainer.utils
+
+    monkeypatch.setattr(trl.trainer.utils, "_use_triton", lambda device: True)
+    results = {}
+    for setting in ("each_step", "at_logging"):
+        trainer, record = _tiny_trainer(tmp_path, setting, [
+            "train.sft.padding_free=true", "train.sft.max_steps=4", "train.sft.logging_steps=2",
+            "train.sft.gradient_accumulation_steps=2", "train.sft.per_device_train_batch_size=4",
+            f"train.host_syncs={setting}"], arch=arch)
+        reads = _device_reads(trainer, step=3, files=("utils.py", "trainer.py", "sft_trainer.py", "training.py"))
+        trainer.train()
+        results[setting] = [entry for entry in trainer.state.log_history if "loss" in entry], reads, record
+    (each, each_reads, _), (free, free_reads, record) = results["each_step"], results["at_logging"]
+    assert any(read.startswith("utils.py") for read in each_reads), each_reads  # TRL's selection: the check can fail
+    assert free_reads == [], free_reads
+    assert record["host_syncs"]["lm_head"] == "every position"
+    assert trl.trainer.utils._use_triton(torch.device("cpu"))  # set back after each forward
+    assert len(each) == len(free) == 2
+    for logged, want in zip(free, each):
+        for key in ("loss", "entropy", "mean_token_accuracy"):
+            assert logged[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
