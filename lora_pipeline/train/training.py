@@ -113,7 +113,7 @@ def _read_tensors(values: list) -> list:
 def every_position_scored():
     """TRL's tiled LM head (fused_lm_head) scores every position of the batch and masks the unlabelled ones after, as
     it does on devices without Triton. On a GPU it would first select the labelled positions with a boolean mask,
-    which waits for the GPU to count them: once in the forward and twice in the backward of every micro-step. The
+    which waits for the GPU to count them: twice in the forward and twice in the backward of every micro-step. The
     unlabelled positions then cost their share of the LM head: few in padding-free rows of whole conversations."""
     if not hasattr(trl.trainer.utils, "_use_triton"):
         raise RuntimeError("train.host_syncs: at_logging: this TRL no longer chooses its LM head's positions by "
