@@ -15,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4  # noqa: E402
 from lora_pipeline.model.mxfp4_experts import DECODERS, decode_weight  # noqa: E402
+from timing import seconds_per_call  # noqa: E402  (this folder's)
 
 HIDDEN, INTERMEDIATE = 2880, 2880  # gpt-oss-20b
 WEIGHTS = {"gate_up_proj": (2 * INTERMEDIATE, HIDDEN), "down_proj": (HIDDEN, INTERMEDIATE)}  # [out, in]
@@ -30,18 +31,6 @@ def packed(experts, out, k, device, seed=0):
     return blocks.to(device), scales.to(device)
 
 
-def seconds_per_call(fn, repeat=20):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeat):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1000 / repeat
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experts", type=int, default=32)
@@ -54,12 +43,12 @@ def main() -> None:
         expected = dequantize_mxfp4(blocks, scales, torch.bfloat16).transpose(-2, -1)
         decoded_bytes = expected.numel() * expected.element_size()
         source = torch.empty_like(expected)
-        copy_s = seconds_per_call(lambda: source.clone())  # reads and writes the decoded weight's bytes
+        copy_s = seconds_per_call(lambda: source.clone(), device)  # reads and writes the decoded weight's bytes
         moved = blocks.numel() + scales.numel() + decoded_bytes  # what a decoder must read and write at least
         for decoder in DECODERS:
             got = decode_weight(blocks, scales, torch.bfloat16, decoder)
             same = bool(torch.equal(got.view(torch.int16), expected.view(torch.int16))) and got.shape == expected.shape
-            seconds = seconds_per_call(lambda: decode_weight(blocks, scales, torch.bfloat16, decoder))
+            seconds = seconds_per_call(lambda: decode_weight(blocks, scales, torch.bfloat16, decoder), device)
             row = {"check": "mxfp4_decode", "weight": name, "shape": list(blocks.shape), "decoder": decoder,
                    "bitwise_equal": same, "ms": round(seconds * 1e3, 3), "gb_per_s": round(moved / seconds / 1e9),
                    "copy_ms": round(copy_s * 1e3, 3), "copy_gb_per_s": round(2 * decoded_bytes / copy_s / 1e9),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lora_pipeline.evaluate import sink_attention  # noqa: E402
 from lora_pipeline.evaluate.sink_attention import grouped_sink_attention  # noqa: E402
+from timing import seconds_per_call  # noqa: E402  (this folder's)
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 64
@@ -50,23 +50,6 @@ def attend(how, q, k, v, sinks, mask, dtype):
     with sink_attention.fused_decode(how == "grouped"):
         out, _ = (eager_attention_forward if how == "eager" else grouped_sink_attention)(*args)
     return out
-
-
-def seconds_per_call(fn, device, repeat=20):
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeat):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1000 / repeat
-    begin = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - begin) / repeat
 
 
 def check(batch, q_len, k_len, device, queries_at_once=None):

@@ -235,6 +235,14 @@ def _device_reads(trainer, step: int, files=("trainer.py", "sft_trainer.py", "tr
     return reads
 
 
+def _logged_every_second_step(tmp_path, host_syncs: str, arch: str):
+    """_tiny_trainer of 4 optimizer steps of 2 micro-steps each over padding-free rows, logged at steps 2 and 4."""
+    return _tiny_trainer(tmp_path, host_syncs, [
+        "train.sft.padding_free=true", "train.sft.max_steps=4", "train.sft.logging_steps=2",
+        "train.sft.gradient_accumulation_steps=2", "train.sft.per_device_train_batch_size=4",
+        f"train.host_syncs={host_syncs}"], arch=arch)
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "gpt-oss"])
 def test_host_syncs_at_logging_read_nothing_between_logs_and_log_what_trl_logs(tmp_path, arch):
     """train.host_syncs: at_logging. A step that is not logged reads no value from the device in TRL's, the
@@ -246,10 +254,7 @@ def test_host_syncs_at_logging_read_nothing_between_logs_and_log_what_trl_logs(t
 
     results = {}
     for setting in ("each_step", "at_logging"):
-        trainer, record = _tiny_trainer(tmp_path, setting, [
-            "train.sft.padding_free=true", "train.sft.max_steps=4", "train.sft.logging_steps=2",
-            "train.sft.gradient_accumulation_steps=2", "train.sft.per_device_train_batch_size=4",
-            f"train.host_syncs={setting}"], arch=arch)
+        trainer, record = _logged_every_second_step(tmp_path, setting, arch)
         assert trainer.aux_loss_enabled == (arch == "gpt-oss")
         assert (record.get("host_syncs", {}).get("trainer") == "SyncFreeSFTTrainer") == (setting == "at_logging")
         reads = _device_reads(trainer, step=3)
@@ -290,10 +295,7 @@ def test_at_logging_scores_every_position_where_trl_would_select_the_labelled_on
     monkeypatch.setattr(trl.trainer.utils, "_use_triton", lambda device: True)
     results = {}
     for setting in ("each_step", "at_logging"):
-        trainer, record = _tiny_trainer(tmp_path, setting, [
-            "train.sft.padding_free=true", "train.sft.max_steps=4", "train.sft.logging_steps=2",
-            "train.sft.gradient_accumulation_steps=2", "train.sft.per_device_train_batch_size=4",
-            f"train.host_syncs={setting}"], arch=arch)
+        trainer, record = _logged_every_second_step(tmp_path, setting, arch)
         reads = _device_reads(trainer, step=3, files=None)
         trainer.train()
         results[setting] = [entry for entry in trainer.state.log_history if "loss" in entry], reads, record
