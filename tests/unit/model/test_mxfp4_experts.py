@@ -445,3 +445,27 @@ def test_the_triton_decoder_names_what_it_needs():
         mxfp4_triton.decode(blocks[..., :8], scales, torch.bfloat16)
     with pytest.raises(RuntimeError, match="on a GPU"):
         mxfp4_triton.decode(blocks, scales, torch.bfloat16)
+
+
+def test_the_decoders_gpu_check_compares_bit_for_bit_and_fails_on_one_bit(monkeypatch, capsys):
+    """benchmarks/check_mxfp4_decode.py on the CPU at a reduced size: the eager decoder passes, and a decoder that
+    flips one bit of one value makes the check exit non-zero."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import check_mxfp4_decode
+
+    small = ["--device", "cpu", "--experts", "2", "--hidden", "64", "--decoders", "eager"]
+    check_mxfp4_decode.main(small)
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(row["weight"], row["bitwise_equal"]) for row in rows] == [("gate_up_proj", True), ("down_proj", True)]
+
+    def one_bit_off(*args):
+        bits = decode_weight(*args).contiguous().view(torch.int16)
+        bits.view(-1)[7] ^= 1
+        return bits.view(torch.bfloat16)
+
+    monkeypatch.setattr(check_mxfp4_decode, "decode_weight", one_bit_off)
+    with pytest.raises(SystemExit, match="differs from dequantize_mxfp4"):
+        check_mxfp4_decode.main(small)
