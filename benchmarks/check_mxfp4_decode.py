@@ -7,7 +7,6 @@ On a CPU (--device cpu, smaller --hidden) the decoders that run there are compar
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4  # noqa: E402
 from lora_pipeline.model.mxfp4_experts import DECODERS, decode_weight  # noqa: E402
+from bench_rows import emit  # noqa: E402  (this folder's)
 from timing import seconds_per_call  # noqa: E402  (this folder's)
 
 HIDDEN = 2880  # gpt-oss-20b's hidden and intermediate size
@@ -62,12 +62,9 @@ def main(argv=None) -> None:
                    "copy_ms": round(copy_s * 1e3, 3), "copy_gb_per_s": round(2 * decoded_bytes / copy_s / 1e9),
                    "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                    "torch": torch.__version__}
-            print(json.dumps(row), flush=True)
+            emit(row, args.out)
             rows.append(row)
             del got
-    if args.out:
-        with args.out.open("a") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
     if not all(row["bitwise_equal"] for row in rows):
         sys.exit("a decoder's weight differs from dequantize_mxfp4's")
 

@@ -35,7 +35,7 @@ import torch
 
 from cli.recipes import apply_sets, compose
 from lora_pipeline.config.params import for_stage, validate
-from lora_pipeline.model.mxfp4_experts import forced_path, paths_run
+from lora_pipeline.model.mxfp4_experts import DECODERS, GLUES, forced_path, paths_run
 from lora_pipeline.train.training import build_trainer, save_adapter
 from bench_rows import emit
 
@@ -141,10 +141,10 @@ def main():
     parser.add_argument("--out", help="append the JSON line to this file")
     parser.add_argument("--save-adapter", metavar="DIR", help="after the steps, save the adapter as the train stage "
                         "does (every process takes part: FSDP and DeepSpeed gather the shards)")
-    parser.add_argument("--experts-glue", choices=["auto", "eager", "compiled"], default="auto",
+    parser.add_argument("--experts-glue", choices=["auto", *GLUES], default="auto",
                         help="model.experts_implementation grouped_mm_mxfp4 only: the elementwise work between the "
                         "experts' grouped GEMMs as torch ops (eager) or compiled by Inductor")
-    parser.add_argument("--experts-decoder", choices=["auto", "triton", "compiled", "eager"], default="auto",
+    parser.add_argument("--experts-decoder", choices=["auto", *DECODERS], default="auto",
                         help="model.experts_implementation grouped_mm_mxfp4 only: how the packed expert weights are "
                         "decoded (mxfp4_experts.DECODERS)")
     parser.add_argument("--logging-steps", type=int, help="log (and read the loss) every N steps (default: the "
