@@ -96,8 +96,9 @@ def _compiled_on_gpu(kind: str, device: torch.device) -> str:
 def decoder_for(device: torch.device) -> str:
     """The decoder: forced_path's choice if any; on a GPU the Triton kernel (the compiled pass where Triton is
     missing), eager elsewhere."""
-    chosen = _compiled_on_gpu("decoder", device)
-    return "triton" if chosen == "compiled" and not _forced["decoder"] and mxfp4_triton.available() else chosen
+    if _forced["decoder"] or device.type != "cuda":
+        return _compiled_on_gpu("decoder", device)
+    return "triton" if mxfp4_triton.available() else "compiled"
 
 
 def glue_for(device: torch.device) -> str:
