@@ -109,15 +109,20 @@ def _read_tensors(values: list) -> list:
     return [next(read) if isinstance(v, torch.Tensor) else v for v in values]
 
 
+def check_lm_head_hook() -> None:
+    """Fail, naming the setting, where this TRL has no trl.trainer.utils._use_triton for every_position_scored."""
+    if not hasattr(trl.trainer.utils, "_use_triton"):
+        raise RuntimeError("train.host_syncs: at_logging: this TRL no longer chooses its LM head's positions by "
+                           "trl.trainer.utils._use_triton; use host_syncs: each_step, or the TRL of requirements.txt")
+
+
 @contextlib.contextmanager
 def every_position_scored():
     """TRL's tiled LM head (fused_lm_head) scores every position of the batch and masks the unlabelled ones after, as
     it does on devices without Triton. On a GPU it would first select the labelled positions with a boolean mask,
     which waits for the GPU to count them: twice in the forward and twice in the backward of every micro-step. The
     unlabelled positions then cost their share of the LM head: few in padding-free rows of whole conversations."""
-    if not hasattr(trl.trainer.utils, "_use_triton"):
-        raise RuntimeError("train.host_syncs: at_logging: this TRL no longer chooses its LM head's positions by "
-                           "trl.trainer.utils._use_triton; use host_syncs: each_step, or the TRL of requirements.txt")
+    check_lm_head_hook()
     chosen = trl.trainer.utils._use_triton
     trl.trainer.utils._use_triton = lambda device: False
     try:
@@ -233,6 +238,9 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
     if args.assistant_only_loss and "messages" not in train_set.column_names:
         levers["notes"].append("assistant_only_loss is off: text rows have no assistant turns, every token is trained")
         args.assistant_only_loss = False
+    sync_free = params.train.host_syncs == "at_logging"
+    if sync_free:  # before the model loads, which takes minutes at full size
+        check_lm_head_hook()
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     model = load_model(base, params.model, params.quantization, device_map=training_device_map())
     model.config.use_cache = False
@@ -251,7 +259,6 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
     liger = apply_liger(model, params.train.liger, declined="train.compile_layers: Inductor fuses the compiled layers' "
                         "norms, SwiGLU and RoPE itself, and Liger's Triton kernels do not compile under it"
                         if compiling else None)
-    sync_free = params.train.host_syncs == "at_logging"
     if sync_free:  # the batch copied to the GPU without waiting (the data loader pins its memory)
         args.accelerator_config.non_blocking = True
     trainer = (SyncFreeSFTTrainer if sync_free else SFTTrainer)(

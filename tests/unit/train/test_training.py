@@ -313,3 +313,21 @@ def test_at_logging_scores_every_position_where_trl_would_select_the_labelled_on
     for logged, want in zip(free, each):
         for key in ("loss", "entropy", "mean_token_accuracy"):
             assert logged[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+
+
+def test_at_logging_under_a_trl_without_the_lm_head_hook_fails_before_the_model_loads(tmp_path, monkeypatch):
+    """A TRL that no longer has trl.trainer.utils._use_triton cannot score every position: build_trainer says so,
+    naming the setting and the way on, before it loads the tokenizer or the model. each_step does not need the hook."""
+    import trl.trainer.utils
+
+    import lora_pipeline.train.training as training
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("loaded before the check")
+
+    monkeypatch.delattr(trl.trainer.utils, "_use_triton")
+    monkeypatch.setattr(training, "load_tokenizer", no_loading)
+    with pytest.raises(RuntimeError, match=r"train.host_syncs: at_logging: .*use host_syncs: each_step"):
+        _tiny_trainer(tmp_path, "hookless", ["train.host_syncs=at_logging"])
+    with pytest.raises(AssertionError, match="loaded before the check"):
+        _tiny_trainer(tmp_path, "hookless", ["train.host_syncs=each_step"])
