@@ -195,9 +195,9 @@ def test_fsdp2_sharded_adapter_is_gathered_whole_and_reloads(tmp_path):
 
 def _device_reads(trainer, step: int, files=("trainer.py", "sft_trainer.py", "training.py")) -> list[str]:
     """The places in `files` (by default TRL's, the Trainer's and this project's training code; None: anywhere, a
-    backward's under accelerate's backward call) that read a tensor's
-    value to the host (`.item()`, `bool()`, `.tolist()`, a selection by a boolean mask, forward or backward: on a GPU,
-    each waits for it) during optimizer step `step`."""
+    backward's under accelerate's backward call) that read a tensor's value to the host (`.item()`, `bool()`,
+    `.tolist()`, a selection by a boolean mask, forward or backward: on a GPU, each waits for it) during optimizer
+    step `step`."""
     import traceback
     from pathlib import Path
 
