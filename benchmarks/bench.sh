@@ -20,9 +20,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
 case $RECIPE in
-  qwen2-0.5b) MICRO=32; batch() { echo "$MICRO 1"; } ;;                       # micro-batch, grad accumulation
-  gpt-oss-20b) batch() { local m=$((16 / $1 < 8 ? 16 / $1 : 8)); echo "$m $((16 / $1 / m))"; } ;;  # global 16, as
-    # the seed's 8 GPUs; at most 8 rows a micro-step, the recipe's one-GPU batch (8 x GA 2; 2 x 1 on 8 GPUs)
+  # STEPS: the timed steps, a window of seconds (10 of Qwen2-0.5B's short steps were too few to compare runs:
+  # docs/performance.md)
+  qwen2-0.5b) MICRO=32; STEPS=40; batch() { echo "$MICRO 1"; } ;;                # micro-batch, grad accumulation
+  gpt-oss-20b) STEPS=10; batch() { local m=$((16 / $1 < 8 ? 16 / $1 : 8)); echo "$m $((16 / $1 / m))"; } ;;  # global 16,
+    # as the seed's 8 GPUs; at most 8 rows a micro-step, the recipe's one-GPU batch (8 x GA 2; 2 x 1 on 8 GPUs)
   *) echo "unknown recipe $RECIPE" >&2; exit 2 ;;
 esac
 
@@ -36,7 +38,7 @@ for n in ${BENCH_GPUS:-1 $( [ "$GPUS" -ge 2 ] && echo "$GPUS")}; do  # BENCH_GPU
     $( [ "$n" -gt 1 ] && echo --multi_gpu ) --mixed_precision no --dynamo_backend no \
     benchmarks/train_throughput.py --recipe "$RECIPE" --arch "$RECIPE" --checkpoint "/tmp/bench-$RECIPE" \
     --set "train.sft.per_device_train_batch_size=$micro" --set "train.sft.gradient_accumulation_steps=$accum" \
-    --seed-result "$RUNS/seed.jsonl" --commit "$COMMIT" --label fast --out "$RESULTS" \
+    --steps "$STEPS" --seed-result "$RUNS/seed.jsonl" --commit "$COMMIT" --label fast --out "$RESULTS" \
     ${PROFILE:+--profile "$PROFILE-$RECIPE-${n}gpu.txt"} "$@" 2>&1 | grep --line-buffered -E '^\{|^#|^built|Error|^Thread|^  File|^Current' || true
 done
 echo "=== $RESULTS (last lines)"

@@ -265,7 +265,7 @@ def main():
                "layers": args.layers or "full", "gpus": state.num_processes, "workload": args.workload,
                "distributed": str(state.distributed_type).split(".")[-1],
                "tokens_per_s": round(tokens_per_s),
-               "step_s": round(float(gathered[:, 1].max()) / args.steps, 3),
+               "step_s": round(float(gathered[:, 1].max()) / args.steps, 3), "timed_steps": args.steps,
                "peak_gib": round(float(gathered[:, 2].max()), 1),  # while training
                "load_peak_gib": round(float(gathered[:, 3].max()), 1),  # while loading and wrapping the model
                "mfu": round(flops_per_gpu / PEAK_FLOPS, 3), "active_params": n_active,
