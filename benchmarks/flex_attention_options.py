@@ -10,26 +10,17 @@ returned as gpt-oss's sinks need it. One JSON line per variant and mask (docs/be
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
+sys.path.insert(0, str(Path(__file__).parent))
+from timing import seconds_per_call  # noqa: E402  (this folder's)
+
 TOKENS, QUERY_HEADS, KV_HEADS, HEAD_DIM, ROW = 16384, 64, 8, 64, 2048
 BACKWARD_BLOCKS = [(64, 128, 128, 64, 8, 3), (32, 128, 128, 32, 4, 3), (64, 64, 64, 64, 4, 3), (64, 128, 128, 64, 4, 2),
                    (32, 64, 64, 32, 4, 4), (128, 128, 128, 128, 8, 2)]  # BLOCK_M1, N1, M2, N2, num_warps, num_stages
-
-
-def timed_ms(once, repeats: int = 10) -> float:
-    for _ in range(3):
-        once()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        once()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def main(seconds: float) -> None:
@@ -63,7 +54,7 @@ def main(seconds: float) -> None:
         out.backward(as_rows(grad_out).detach())
 
     print(json.dumps({"variant": "sdpa flash reference (8 x 2048 as a batch, causal, no sinks)", "mask": "causal",
-                      "fwd_bwd_ms": round(timed_ms(sdpa_once), 3)}), flush=True)
+                      "fwd_bwd_ms": round(1000 * seconds_per_call(sdpa_once, q.device, 10), 3)}), flush=True)
 
     def compiled(options, mode=None):
         def attend(q, k, v, mask):
@@ -87,7 +78,7 @@ def main(seconds: float) -> None:
                 out, lse = attend(q, k, v, mask)
                 torch.autograd.backward([out, lse], [grad_out, torch.ones_like(lse)])
             try:
-                row = {"fwd_bwd_ms": round(timed_ms(once), 3)}
+                row = {"fwd_bwd_ms": round(1000 * seconds_per_call(once, q.device, 10), 3)}
             except Exception as error:  # options this kernel does not take
                 row = {"error": " | ".join(str(error).splitlines()[:3])[:300]}
             print(json.dumps({"variant": name, "mask": mask_name, **row}), flush=True)
