@@ -2,7 +2,6 @@
 (torch.nn.attention.varlen), registered with transformers as the attention implementation `torch_varlen`."""
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 
@@ -48,10 +47,15 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout=
     return out.reshape(batch, length, heads, head_dim), None
 
 
-@functools.cache
+_ACCEPTED: dict = {}
+
+
 def _parameters(kernel) -> frozenset[str]:
-    """The arguments a version of varlen_attn takes, read once (not in every layer of every step)."""
-    return frozenset(inspect.signature(kernel).parameters)
+    """The arguments a version of varlen_attn takes, read once (not in every layer of every step). A dict, not
+    functools.cache: torch.compile warns of possible silent errors where it traces through an lru_cache."""
+    if kernel not in _ACCEPTED:
+        _ACCEPTED[kernel] = frozenset(inspect.signature(kernel).parameters)
+    return _ACCEPTED[kernel]
 
 
 def causal_varlen_attention(q, k, v, cu_seq_lens, max_length: int, scale: float):

@@ -112,3 +112,28 @@ def test_where_torch_varlen_runs():
     assert gpt_oss["notes"][0] == "gpt-oss's attention sinks are not in torch_varlen's kernel"
     assert gpt_oss["attention"] == ("flex_attention" if torch.cuda.is_available() else "eager")
     assert inference_attention("qwen2", "torch_varlen")[0] == "sdpa"
+
+
+def test_the_kernel_call_compiles_into_one_graph_without_a_warning(monkeypatch):
+    """Inside a compiled decoder layer: torch.compile traces the check of the kernel's arguments into the graph,
+    with no warning (it warns of possible silent errors where it traces through a functools.lru_cache)."""
+    import warnings
+
+    from torch.nn.attention import varlen
+
+    def fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+             window_size=(-1, -1), enable_gqa=False):  # one sequence: causal attention over the rows
+        rows = [t.transpose(0, 1)[None] for t in (query, key, value)]
+        return torch.nn.functional.scaled_dot_product_attention(*rows, is_causal=True, scale=scale,
+                                                                enable_gqa=enable_gqa)[0].transpose(0, 1)
+
+    monkeypatch.setattr(varlen, "varlen_attn", fake)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(30, 4, 8), torch.randn(30, 2, 8), torch.randn(30, 2, 8)
+    cu = torch.tensor([0, 30], dtype=torch.int32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = torch.compile(varlen_attention.causal_varlen_attention, backend="eager", fullgraph=True)
+        out = compiled(q, k, v, cu, 30, 0.2)
+    assert [str(w.message) for w in caught] == []
+    torch.testing.assert_close(out, varlen_attention.reference_varlen_attention(q, k, v, cu, 30, 0.2))
