@@ -51,8 +51,11 @@ _ACCEPTED: dict = {}
 
 
 def _parameters(kernel) -> frozenset[str]:
-    """The arguments a version of varlen_attn takes, read once (not in every layer of every step). A dict, not
-    functools.cache: torch.compile warns of possible silent errors where it traces through an lru_cache."""
+    """The arguments a version of varlen_attn takes: read once in eager calls (not in every layer of every step),
+    into the graph where torch.compile traces the call. Not functools.cache, which torch.compile warns of, nor the
+    dict in a traced call: its entry, added there, would make every compiled layer compile a second time."""
+    if torch.compiler.is_compiling():
+        return frozenset(inspect.signature(kernel).parameters)
     if kernel not in _ACCEPTED:
         _ACCEPTED[kernel] = frozenset(inspect.signature(kernel).parameters)
     return _ACCEPTED[kernel]

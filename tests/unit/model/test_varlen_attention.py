@@ -116,9 +116,11 @@ def test_where_torch_varlen_runs():
 
 def test_the_kernel_call_compiles_into_one_graph_without_a_warning(monkeypatch):
     """Inside a compiled decoder layer: torch.compile traces the check of the kernel's arguments into the graph,
-    with no warning (it warns of possible silent errors where it traces through a functools.lru_cache)."""
+    with no warning (it warns of possible silent errors where it traces through a functools.lru_cache), and a
+    second call runs the same graph (a cache filled while tracing would make it compile again)."""
     import warnings
 
+    from torch._dynamo.utils import counters
     from torch.nn.attention import varlen
 
     def fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
@@ -131,9 +133,13 @@ def test_the_kernel_call_compiles_into_one_graph_without_a_warning(monkeypatch):
     torch.manual_seed(0)
     q, k, v = torch.randn(30, 4, 8), torch.randn(30, 2, 8), torch.randn(30, 2, 8)
     cu = torch.tensor([0, 30], dtype=torch.int32)
+    torch._dynamo.reset()
+    counters.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled = torch.compile(varlen_attention.causal_varlen_attention, backend="eager", fullgraph=True)
         out = compiled(q, k, v, cu, 30, 0.2)
+        compiled(q, k, v, cu, 30, 0.2)
     assert [str(w.message) for w in caught] == []
+    assert counters["stats"]["unique_graphs"] == 1
     torch.testing.assert_close(out, varlen_attention.reference_varlen_attention(q, k, v, cu, 30, 0.2))
