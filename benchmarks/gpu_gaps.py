@@ -7,7 +7,7 @@ top-level op it ran in.
 """
 from __future__ import annotations
 
-import bisect
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -41,13 +41,21 @@ def idle_gaps(kernels: list[Span], min_us: float) -> list[tuple[float, float]]:
     return [(end, start) for (_, end), (start, _) in zip(intervals, intervals[1:]) if start - end >= min_us]
 
 
-def host_op_at(host_ops: list[Span], starts: list[float], moment: float) -> Span | None:
-    """Of the host ops running at `moment`, on any thread, the one that started last: the innermost, most recent
-    thing the host was doing. host_ops sorted by start, starts their start times."""
-    for index in range(bisect.bisect_right(starts, moment) - 1, -1, -1):
-        if host_ops[index].end >= moment:
-            return host_ops[index]
-    return None
+def host_ops_at(host_ops: list[Span], moments: list[float]) -> list[Span | None]:
+    """For each moment, of the host ops running then on any thread, the one that started last: the innermost, most
+    recent thing the host was doing (None where none ran). One sweep over both in time order."""
+    ops = sorted(host_ops, key=lambda op: op.start)
+    running: list[tuple[float, int]] = []  # (-start, index): the latest-started op on top
+    found: dict[float, Span | None] = {}
+    next_op = 0
+    for moment in sorted(set(moments)):
+        while next_op < len(ops) and ops[next_op].start <= moment:
+            heapq.heappush(running, (-ops[next_op].start, next_op))
+            next_op += 1
+        while running and ops[running[0][1]].end < moment:  # ended: it ran before every later moment too
+            heapq.heappop(running)
+        found[moment] = ops[running[0][1]] if running else None
+    return [found[moment] for moment in moments]
 
 
 def gap_table(kernels: list[Span], host_ops: list[Span], steps: int, min_us: float = 10.0, rows: int = 20) -> str:
@@ -59,11 +67,8 @@ def gap_table(kernels: list[Span], host_ops: list[Span], steps: int, min_us: flo
     span_us = intervals[-1][1] - intervals[0][0]
     busy_us = sum(end - start for start, end in intervals)
     gaps = idle_gaps(kernels, min_us)
-    ops = sorted(host_ops, key=lambda s: s.start)
-    starts = [op.start for op in ops]
     lost: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for start, end in gaps:
-        op = host_op_at(ops, starts, (start + end) / 2)
+    for (start, end), op in zip(gaps, host_ops_at(host_ops, [(start + end) / 2 for start, end in gaps])):
         lost[(op.top, op.name) if op else ("", NO_OP)].append(end - start)
     per_step = max(steps, 1) * 1000
     lines = [f"GPU idle gaps: {steps} steps, the GPU busy {busy_us / per_step:.1f} ms a step of "

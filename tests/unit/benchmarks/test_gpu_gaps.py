@@ -40,12 +40,11 @@ def test_a_gap_goes_to_the_innermost_host_op_running_in_its_middle_on_any_thread
     ]
 
 
-def test_host_op_at_skips_ops_that_ended_before_the_moment():
-    ops = [Span("outer", 0, 1000, "outer"), Span("early", 10, 20, "outer"), Span("late", 900, 950, "outer")]
-    starts = [op.start for op in ops]
-    assert gpu_gaps.host_op_at(ops, starts, 500).name == "outer"
-    assert gpu_gaps.host_op_at(ops, starts, 15).name == "early"
-    assert gpu_gaps.host_op_at(ops, starts, 2000) is None
+def test_the_op_at_a_moment_is_the_latest_started_of_those_still_running():
+    ops = [Span("outer", 0, 1000, "outer"), Span("early", 10, 20, "outer"), Span("late", 900, 950, "outer"),
+           Span("other thread", 850, 2000, "other thread")]
+    found = gpu_gaps.host_ops_at(ops, [500, 15, 2500, 920, 960, 15])
+    assert [op.name if op else None for op in found] == ["outer", "early", None, "late", "other thread", "early"]
 
 
 def test_a_cpu_profile_gives_host_ops_with_their_top_level_op_and_no_kernel():
