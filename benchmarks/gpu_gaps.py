@@ -1,10 +1,4 @@
-"""Where a profiled run leaves the GPU idle: the gaps between its kernels, and what the host ran during each one.
-
-train_throughput.py --profile appends this table to its kernel tables. A step bound by the GPU's own work has few,
-short gaps; a long gap names what the host did meanwhile (the data loader's next batch, the optimizer, a block mask
-built eagerly, a read of a value from the GPU), by the host op that was running in the gap's middle and the
-top-level op it ran in.
-"""
+"""Where a profiled run leaves the GPU idle (train_throughput.py --profile): the gaps between kernels, by host op."""
 from __future__ import annotations
 
 import heapq
@@ -60,7 +54,9 @@ def host_ops_at(host_ops: list[Span], moments: list[float]) -> list[Span | None]
 
 def gap_table(kernels: list[Span], host_ops: list[Span], steps: int, min_us: float = 10.0, rows: int = 20) -> str:
     """The GPU's busy and idle time per step, and the idle time in gaps of min_us or more, grouped by the host op
-    running in each gap's middle (and its top-level op) and sorted by the time lost."""
+    running in each gap's middle (and its top-level op) and sorted by the time lost. A step bound by the GPU's own
+    work has few, short gaps; a long one names what the host did meanwhile: the data loader's next batch, the
+    optimizer, a block mask built eagerly, a read of a value from the GPU."""
     if not kernels:
         return "GPU idle gaps: no kernel was recorded"
     intervals = busy(kernels)
