@@ -29,9 +29,8 @@ def busy(kernels: list[Span]) -> list[tuple[float, float]]:
     return [(start, end) for start, end in merged]
 
 
-def idle_gaps(kernels: list[Span], min_us: float) -> list[tuple[float, float]]:
-    """The idle intervals of at least min_us between the first kernel's start and the last one's end."""
-    intervals = busy(kernels)
+def idle_gaps(intervals: list[tuple[float, float]], min_us: float) -> list[tuple[float, float]]:
+    """The idle intervals of at least min_us between busy() intervals."""
     return [(end, start) for (_, end), (start, _) in zip(intervals, intervals[1:]) if start - end >= min_us]
 
 
@@ -62,7 +61,7 @@ def gap_table(kernels: list[Span], host_ops: list[Span], steps: int, min_us: flo
     intervals = busy(kernels)
     span_us = intervals[-1][1] - intervals[0][0]
     busy_us = sum(end - start for start, end in intervals)
-    gaps = idle_gaps(kernels, min_us)
+    gaps = idle_gaps(intervals, min_us)
     lost: dict[tuple[str, str], list[float]] = defaultdict(list)
     for (start, end), op in zip(gaps, host_ops_at(host_ops, [(start + end) / 2 for start, end in gaps])):
         lost[(op.top, op.name) if op else ("", NO_OP)].append(end - start)

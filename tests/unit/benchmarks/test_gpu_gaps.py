@@ -15,8 +15,8 @@ Span = gpu_gaps.Span
 def test_kernels_on_two_streams_overlap_into_one_busy_time_and_short_gaps_are_left_out():
     kernels = [Span("a", 0, 100), Span("b", 50, 150), Span("c", 155, 200), Span("d", 300, 400), Span("e", 320, 330)]
     assert gpu_gaps.busy(kernels) == [(0, 150), (155, 200), (300, 400)]
-    assert gpu_gaps.idle_gaps(kernels, min_us=10) == [(200, 300)]
-    assert gpu_gaps.idle_gaps(kernels, min_us=5) == [(150, 155), (200, 300)]
+    assert gpu_gaps.idle_gaps(gpu_gaps.busy(kernels), min_us=10) == [(200, 300)]
+    assert gpu_gaps.idle_gaps(gpu_gaps.busy(kernels), min_us=5) == [(150, 155), (200, 300)]
 
 
 def test_a_gap_goes_to_the_innermost_host_op_running_in_its_middle_on_any_thread():
