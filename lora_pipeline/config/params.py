@@ -224,6 +224,7 @@ class Train(_Section):
     compile_layers: Literal["none", "default", "max-autotune-no-cudagraphs", "reduce-overhead"]
     flex_block_mask: Literal["auto", "eager", "compiled"]
     host_syncs: Literal["each_step", "at_logging"]
+    experts_kept_16bit: int = Field(ge=0)
     checkpoint_steps: int = Field(ge=0)
     sft: Sft
 

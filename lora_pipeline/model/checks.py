@@ -244,15 +244,27 @@ def check_quantization(model, quantization, train, distributed: str | None, root
         raise ValueError("\n".join(problems))
 
 
-def check_packed_experts(model, lora, distributed: str | None, accelerate_config: str, root: Path = ROOT) -> None:
+def check_packed_experts(model, lora, train, distributed: str | None, root: Path = ROOT) -> None:
     """model.experts_implementation grouped_mm_mxfp4 (the frozen experts kept in MXFP4 while training) needs a gpt-oss
-    base stored in MXFP4, LoRA that leaves the experts' weights alone, and one replica per process; what is not known
-    before fetch (a Hub model's config) the train stage checks on the loaded weights."""
+    base stored in MXFP4, LoRA that leaves the experts' weights alone, one replica per process, and at most as many
+    layers kept in 16 bits (train.experts_kept_16bit) as the model has; what is not known before fetch (a Hub model's
+    config) the train stage checks on the loaded weights."""
+    kept, accelerate_config = train.experts_kept_16bit, train.accelerate_config
     if model.experts_implementation != MXFP4_EXPERTS:
+        if kept:
+            raise ValueError(f"train.experts_kept_16bit: {kept} keeps layers out of the MXFP4 packing, but "
+                             f"model.experts_implementation is {model.experts_implementation}, which packs nothing; "
+                             f"allowed: 0, or model.experts_implementation {MXFP4_EXPERTS}")
         return
     stored = base_stored_quantization(model, root)
     problems = packing_problems(base_model_type(model, root), None if stored == UNKNOWN else stored or "none",
                                 lora.target_parameters)
+    layers = model.tiny.num_hidden_layers if model.source in TINY_MODEL_TYPES else None
+    if kept and layers is None and (config := base_model_config(model, root)) is not None:
+        layers = config.num_hidden_layers
+    if layers is not None and kept > layers:
+        problems.append(f"train.experts_kept_16bit: {kept}, but the base model has {layers} decoder layers; allowed: "
+                        f"0 to {layers}")
     if distributed in SHARDED:
         problems.append(f"model.experts_implementation: {MXFP4_EXPERTS} with train.accelerate_config "
                         f"{accelerate_config} ({distributed}): the packed experts are buffers, which FSDP and "

@@ -37,6 +37,7 @@ DECODERS = ("triton", "compiled", "eager")
 # token order): transformers' torch ops, a kernel each, or two functions compiled by Inductor with dynamic row
 # counts, forward and backward fused. Compiled on a GPU, eager elsewhere, unless forced (glue_for, forced_path).
 GLUES = ("eager", "compiled")
+KEPT_16BIT = "16-bit weights"  # what paths_run names for the layers train.experts_kept_16bit leaves unpacked
 _forced: dict[str, list[str]] = {"path": [], "decoder": [], "glue": []}  # forced_path's choices, innermost last
 
 
@@ -189,6 +190,17 @@ class PackedGroupedLinear(torch.autograd.Function):
         return grad_x.to(ctx.input_dtype), None, None, None, None, None, None
 
 
+def _project(experts, name: str, x, offsets, dtype, path: str, decoder: str) -> torch.Tensor:
+    """x [S, in] (rows sorted by expert) through the experts' `name` weight: decoded from its packed buffers, or
+    taken as it is where pack_experts kept the layer in 16 bits (train.experts_kept_16bit)."""
+    weight = experts._parameters.get(name)
+    if weight is not None:  # [E, in, out], frozen: autograd computes the input's gradient only
+        with torch.autocast(x.device.type, enabled=False):
+            return _grouped(x.to(dtype), weight, offsets, path)
+    return PackedGroupedLinear.apply(x, getattr(experts, f"{name}_blocks"), getattr(experts, f"{name}_scales"), offsets,
+                                     dtype, path, decoder)
+
+
 def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                                      top_k_weights: torch.Tensor) -> torch.Tensor:
     """transformers' grouped_mm_experts_forward for gpt-oss's experts (is_transposed, has_bias, has_gate), without
@@ -202,7 +214,8 @@ def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_in
     dtype = self.gate_up_proj_bias.dtype  # the model's dtype (the biases follow model.to)
     path, decoder = matmul_path(device, dtype), decoder_for(device)
     glue = glue_for(device)
-    self.mxfp4_path = f"{path}, {decoder} decode, {glue} glue"
+    weights = f"{decoder} decode" if hasattr(self, "gate_up_proj_blocks") else KEPT_16BIT
+    self.mxfp4_path = f"{path}, {weights}, {glue} glue"
 
     sample_weights = top_k_weights.reshape(-1)  # (S,) with S = num_tokens * num_top_k
     expert_ids = top_k_index.reshape(-1)
@@ -217,15 +230,13 @@ def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_in
     inv_perm = torch.empty_like(perm)
     inv_perm[perm] = torch.arange(perm.size(0), device=device)
 
-    proj = PackedGroupedLinear.apply(selected, self.gate_up_proj_blocks, self.gate_up_proj_scales, offsets, dtype,
-                                     path, decoder)
+    proj = _project(self, "gate_up_proj", selected, offsets, dtype, path, decoder)
     if glue == "compiled":
         proj = _gate_up_glue_compiled(proj, self.gate_up_proj_bias, expert_ids_g, self.limit, self.alpha)
     else:
         proj.add_(self.gate_up_proj_bias[expert_ids_g])
         proj = self._apply_gate(proj)  # (S, intermediate)
-    proj = PackedGroupedLinear.apply(proj, self.down_proj_blocks, self.down_proj_scales, offsets, dtype, path,
-                                     decoder)
+    proj = _project(self, "down_proj", proj, offsets, dtype, path, decoder)
     if glue == "compiled":
         out = _down_glue_compiled(proj, self.down_proj_bias, expert_ids_g, sample_weights_g, inv_perm, num_top_k)
         return out.to(hidden_states.dtype)
@@ -259,22 +270,26 @@ def _pack(weight: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return blocks, scales
 
 
-def pack_experts(model, target_parameters=()) -> dict:
+def pack_experts(model, target_parameters=(), kept_16bit: int = 0) -> dict:
     """Replace, in place, every gpt-oss experts module's gate_up_proj and down_proj parameters by packed MXFP4
     buffers (`<name>_blocks`, `<name>_scales`, the checkpoint's names and orientation), and run the experts as
     grouped_mm_mxfp4. Before LoRA is applied; `target_parameters`: lora.target_parameters, which must not train
-    the packed weights. Returns what was packed: modules, values, bytes before and after."""
+    the packed weights; `kept_16bit`: train.experts_kept_16bit, how many of the last layers' experts stay 16-bit
+    parameters (their steps decode nothing). Returns what was packed: modules, values, bytes before and after."""
     model_type = getattr(model.config, "model_type", None)
     problems = packing_problems(model_type, None, target_parameters)
     modules = experts_modules(model)
     if not problems and not modules:
         problems.append(f"model.experts_implementation: {MXFP4_EXPERTS}, but the model has no MoE experts modules; "
                         "allowed: eager")
+    if kept_16bit > len(modules):
+        problems.append(f"train.experts_kept_16bit: {kept_16bit}, but the model has {len(modules)} experts modules "
+                        f"(one a decoder layer); allowed: 0 to {len(modules)}")
     if problems:
         raise ValueError("\n".join(problems))
     names = {id(m): name for name, m in model.named_modules()}
     values = before = after = 0
-    for module in modules:
+    for module in modules[:len(modules) - kept_16bit]:
         for name in PACKED:
             weight = module._parameters.get(name)
             if weight is None:
@@ -297,7 +312,8 @@ def pack_experts(model, target_parameters=()) -> dict:
     set_experts_implementation(model, MXFP4_EXPERTS)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the 16-bit experts' memory back to the device
-    return {"modules": len(modules), "values": values, "bytes_before": before, "bytes_after": after}
+    packed = {"modules": len(modules) - kept_16bit, "values": values, "bytes_before": before, "bytes_after": after}
+    return packed | ({"kept_16bit": kept_16bit} if kept_16bit else {})  # only then: other adapters' records unchanged
 
 
 def paths_run(model) -> list[str]:

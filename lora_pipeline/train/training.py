@@ -246,7 +246,7 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
     model.config.use_cache = False
     packed = None
     if params.model.experts_implementation == MXFP4_EXPERTS:  # the frozen experts back in MXFP4, before LoRA
-        packed = pack_experts(model, params.lora.target_parameters)
+        packed = pack_experts(model, params.lora.target_parameters, params.train.experts_kept_16bit)
         if args.ddp_broadcast_buffers is None:  # DDP would send the packed experts (buffers) before every forward
             args.ddp_broadcast_buffers = False
     quantized = sum(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules())

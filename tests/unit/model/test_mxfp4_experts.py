@@ -129,6 +129,40 @@ def test_packed_experts_hold_no_float_weights_and_free_the_expected_bytes(tiny_d
     assert pack_experts(model)["values"] == 0  # packed already: nothing to do
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_layers_kept_in_16_bits_compute_what_packed_ones_do(tiny_dir, path):
+    """train.experts_kept_16bit 1 of 2 layers: the first layer's experts packed, the last one's left as the 16-bit
+    parameters they loaded as; logits and gradients as with every layer packed (the same values, decoded or not)."""
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    with forced_path(path):
+        every_layer = packed(tiny_dir, "bfloat16")
+        reference = lora_forward_backward(every_layer, ids)
+        model = load(tiny_dir, "bfloat16", MXFP4_EXPERTS)
+        summary = pack_experts(model, kept_16bit=1)
+        logits, embeds_grad, grads = lora_forward_backward(model, ids)
+    values = EXPERTS * 3 * HIDDEN * INTERMEDIATE  # one layer's
+    assert summary == {"modules": 1, "values": values, "bytes_before": values * 2,
+                       "bytes_after": values // 2 + values // 32, "kept_16bit": 1}
+    first, last = (layer.mlp.experts for layer in model.model.layers)
+    assert hasattr(first, "gate_up_proj_blocks") and not hasattr(first, "gate_up_proj")
+    assert {n: p.dtype for n, p in last.named_parameters() if n.endswith("proj")} == {
+        "gate_up_proj": torch.bfloat16, "down_proj": torch.bfloat16}
+    assert not any(p.requires_grad for p in last.parameters())  # frozen, as LoRA leaves the experts
+    assert paths_run(model) == [f"{path}, 16-bit weights, eager glue", f"{path}, eager decode, eager glue"]
+    torch.testing.assert_close(logits, reference[0], **TOLERANCE["bfloat16"])
+    torch.testing.assert_close(embeds_grad, reference[1], **TOLERANCE["bfloat16"])
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference[2][name], **TOLERANCE["bfloat16"], msg=lambda m: f"{name}: {m}")
+
+
+def test_more_layers_kept_in_16_bits_than_the_model_has_are_refused(tiny_dir):
+    model = load(tiny_dir, "bfloat16", MXFP4_EXPERTS)
+    with pytest.raises(ValueError, match=rf"train\.experts_kept_16bit: 3, but the model has {LAYERS} experts "
+                                         rf"modules \(one a decoder layer\); allowed: 0 to {LAYERS}"):
+        pack_experts(model, kept_16bit=3)
+    assert pack_experts(model, kept_16bit=LAYERS)["modules"] == 0  # every layer kept: nothing packed
+
+
 def lora_forward_backward(model, ids):
     """LoRA on the attention projections (random A and B, seeded), inputs_embeds that need a gradient: the logits,
     the gradient of the embeddings and the LoRA weights' gradients after a backward of the loss."""
@@ -398,6 +432,24 @@ def test_validate_refuses_packed_experts_where_they_cannot_run(monkeypatch, chan
     lines = [line.strip() for line in str(refused.value).splitlines()]
     assert any(line.startswith(f"model.experts_implementation: {MXFP4_EXPERTS}") and fragment in line
                for line in lines), lines
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({**GPT_OSS, "train.experts_kept_16bit": 3},
+     "train.experts_kept_16bit: 3, but the base model has 2 decoder layers; allowed: 0 to 2"),
+    ({**GPT_OSS, "model.experts_implementation": "grouped_mm", "train.experts_kept_16bit": 1},
+     "train.experts_kept_16bit: 1 keeps layers out of the MXFP4 packing, but model.experts_implementation is "
+     "grouped_mm, which packs nothing; allowed: 0, or model.experts_implementation grouped_mm_mxfp4"),
+], ids=["more-than-the-layers", "nothing-packed"])
+def test_validate_refuses_layers_kept_in_16_bits_that_cannot_be(monkeypatch, changes, message):
+    from lora_pipeline.validation.checks import validate_all
+    from lora_pipeline.config.params import ParamsError
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ParamsError) as refused:
+        validate_all(shipped(**changes))
+    assert message in [line.strip() for line in str(refused.value).splitlines()]
+    assert validate_all(shipped(**{**GPT_OSS, "train.experts_kept_16bit": 2})).train.experts_kept_16bit == 2
 
 
 def test_validate_refuses_packed_experts_of_a_base_without_mxfp4(monkeypatch, tmp_path):
