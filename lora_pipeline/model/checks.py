@@ -259,12 +259,9 @@ def check_packed_experts(model, lora, train, distributed: str | None, root: Path
     stored = base_stored_quantization(model, root)
     problems = packing_problems(base_model_type(model, root), None if stored == UNKNOWN else stored or "none",
                                 lora.target_parameters)
-    layers = model.tiny.num_hidden_layers if model.source in TINY_MODEL_TYPES else None
-    if kept and layers is None and (config := base_model_config(model, root)) is not None:
-        layers = config.num_hidden_layers
-    if layers is not None and kept > layers:
-        problems.append(f"train.experts_kept_16bit: {kept}, but the base model has {layers} decoder layers; allowed: "
-                        f"0 to {layers}")
+    if kept and (config := base_model_config(model, root)) is not None and kept > config.num_hidden_layers:
+        problems.append(f"train.experts_kept_16bit: {kept}, but the base model has {config.num_hidden_layers} decoder "
+                        f"layers; allowed: 0 to {config.num_hidden_layers}")
     if distributed in SHARDED:
         problems.append(f"model.experts_implementation: {MXFP4_EXPERTS} with train.accelerate_config "
                         f"{accelerate_config} ({distributed}): the packed experts are buffers, which FSDP and "

@@ -193,10 +193,9 @@ class PackedGroupedLinear(torch.autograd.Function):
 def _project(experts, name: str, x, offsets, dtype, path: str, decoder: str) -> torch.Tensor:
     """x [S, in] (rows sorted by expert) through the experts' `name` weight: decoded from its packed buffers, or
     taken as it is where pack_experts kept the layer in 16 bits (train.experts_kept_16bit)."""
-    weight = experts._parameters.get(name)
-    if weight is not None:  # [E, in, out], frozen: autograd computes the input's gradient only
+    if name in experts._parameters:  # [E, in, out], frozen: autograd computes the input's gradient only
         with torch.autocast(x.device.type, enabled=False):
-            return _grouped(x.to(dtype), weight, offsets, path)
+            return _grouped(x.to(dtype), experts._parameters[name], offsets, path)
     return PackedGroupedLinear.apply(x, getattr(experts, f"{name}_blocks"), getattr(experts, f"{name}_scales"), offsets,
                                      dtype, path, decoder)
 
@@ -214,7 +213,7 @@ def grouped_mm_mxfp4_experts_forward(self, hidden_states: torch.Tensor, top_k_in
     dtype = self.gate_up_proj_bias.dtype  # the model's dtype (the biases follow model.to)
     path, decoder = matmul_path(device, dtype), decoder_for(device)
     glue = glue_for(device)
-    weights = f"{decoder} decode" if hasattr(self, "gate_up_proj_blocks") else KEPT_16BIT
+    weights = KEPT_16BIT if "gate_up_proj" in self._parameters else f"{decoder} decode"  # as _project decides
     self.mxfp4_path = f"{path}, {weights}, {glue} glue"
 
     sample_weights = top_k_weights.reshape(-1)  # (S,) with S = num_tokens * num_top_k
