@@ -213,14 +213,17 @@ def build_data(recipe: str, path: Path, rows: int | None = None, seed: int = 0) 
 
 
 def compose_params(recipe: str, repo: Path, model_dir: Path | None, data_name: str | None, mgsm: str | None,
-                   accelerate: str | None, sets: list[str] = ()) -> dict:
-    """params.yaml of `repo` with the recipe applied (cli.recipes), the stand-ins, one accelerate config
-    for every stage that launches (single_gpu unless `accelerate` names another; eval.batch_size scaled so that the
-    fewer processes evaluate the recipe's batches at once) and `sets` (KEY=VALUE); validated.
+                   accelerate: str | None, sets: list[str] = (), layers: int | None = None) -> dict:
+    """params.yaml of `repo` with the recipe applied (cli.recipes), the stand-ins (of `layers` decoder layers where
+    they are fewer than the recipe's model has: cut_to_depth), one accelerate config for every stage that launches
+    (single_gpu unless `accelerate` names another; eval.batch_size scaled so that the fewer processes evaluate the
+    recipe's batches at once) and `sets` (KEY=VALUE); validated.
     "default" is params.yaml as it is, with only an explicit accelerate config and sets."""
     from cli.recipes import apply_sets, compose
 
     params = yaml.safe_load((repo / "params.yaml").read_text()) if recipe == "default" else compose(recipe, repo)
+    if layers:
+        cut_to_depth(params, layers)
     if recipe != "default":
         params["model"].update(source="local", name=str(model_dir))
         params["data"].update(source="local", name=data_name)
@@ -238,6 +241,13 @@ def compose_params(recipe: str, repo: Path, model_dir: Path | None, data_name: s
                 params["eval"]["batch_size"] //= processes(repo, name)
     apply_sets(params, list(sets))
     validate(params, source=f"params.yaml with recipes/{recipe}.yaml and the stand-ins")
+    return params
+
+
+def cut_to_depth(params: dict, layers: int) -> dict:
+    """`params` for a model of `layers` decoder layers, fewer than the recipe's has: no more layers' experts kept in
+    16 bits (train.experts_kept_16bit) than it has. Changed in place and returned."""
+    params["train"]["experts_kept_16bit"] = min(params["train"]["experts_kept_16bit"], layers)
     return params
 
 
@@ -305,7 +315,7 @@ def setup(recipe: str, work: Path, repo: Path = ROOT, mgsm: str = "", accelerate
         (repo / "data" / "local").mkdir(parents=True, exist_ok=True)
         shutil.copy2(data_file, repo / data_name)
     params = compose_params(recipe, repo, model_dir, data_name, mgsm_folder(mgsm) if recipe != "default" else None,
-                            accelerate, sets)
+                            accelerate, sets, TINY[recipe]["num_hidden_layers"] if tiny and recipe in TINY else None)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
 
 

@@ -163,9 +163,11 @@ def main():
     from accelerate import PartialState
     from datasets import Dataset
     from transformers import TrainerCallback
+    from pipeline_setup import cut_to_depth  # benchmarks/, the script's folder
 
     state = PartialState()
-    raw = apply_sets(compose(args.recipe), args.set)
+    raw = compose(args.recipe)
+    raw = apply_sets(cut_to_depth(raw, args.layers) if args.layers else raw, args.set)
     warm = WARM_STEPS[args.arch]
     raw["train"]["checkpoint_steps"] = 0
     profiled = 3 if args.profile else 0

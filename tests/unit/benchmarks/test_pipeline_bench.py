@@ -33,7 +33,8 @@ def stand_in(request, tmp_path_factory):
 
     built = setup.build_model(recipe, work / "model", tokenizer_corpus(rows), tiny=True)
     params = setup.compose_params(recipe, ROOT, work / "model", f"data/local/pipeline-{recipe}.jsonl",
-                                  str(MGSM) if MGSM.is_dir() else None, None)
+                                  str(MGSM) if MGSM.is_dir() else None, None,
+                                  layers=setup.TINY[recipe]["num_hidden_layers"])
     return SimpleNamespace(recipe=recipe, work=work, rows=rows, built=built, params=params)
 
 
@@ -94,6 +95,25 @@ def test_params_are_the_recipe_over_the_stand_ins(stand_in):
     assert params["train"]["accelerate_config"] == "single_gpu"
     assert params["train"]["liger"] is True  # the recipe's own values stay
     assert params["eval"]["mgsm"]["path"] in ("", str(MGSM))
+
+
+def test_a_reduced_stand_in_keeps_no_more_layers_16_bit_than_it_has(stand_in):
+    """The gpt-oss-20b recipe keeps more layers' experts in 16 bits than its reduced stand-in has: validate refuses
+    the recipe over that stand-in, and accepts it cut to the stand-in's depth."""
+    from lora_pipeline.config.params import validate
+    from lora_pipeline.model.checks import check_packed_experts
+
+    recipe = validate(setup.compose_params(stand_in.recipe, ROOT, stand_in.work / "model", "data/local/x.jsonl",
+                                           None, None))
+    cut = validate(stand_in.params)
+    layers = setup.TINY[stand_in.recipe]["num_hidden_layers"]
+    if stand_in.recipe == "qwen2-0.5b":
+        assert recipe.train.experts_kept_16bit == cut.train.experts_kept_16bit == 0
+        return
+    assert recipe.train.experts_kept_16bit > layers == cut.train.experts_kept_16bit
+    with pytest.raises(ValueError, match=f"train.experts_kept_16bit: .*has {layers} decoder layers"):
+        check_packed_experts(recipe.model, recipe.lora, recipe.train, None, ROOT)
+    check_packed_experts(cut.model, cut.lora, cut.train, None, ROOT)
 
 
 @pytest.mark.parametrize("accelerate, batch_size", [(None, 320), ("multi_gpu", 40), ("multi_gpu_2", 160)])

@@ -49,7 +49,7 @@ def test_the_seed_recipes_turn_the_speed_levers_back_to_the_defaults():
     for arch in ("qwen2-0.5b", "gpt-oss-20b"):
         seed = flat_keys(compose(f"seed/{arch}"))
         for key in ("train.compile_layers", "train.flex_block_mask", "train.sft.pad_to_multiple_of",
-                    "train.host_syncs", "train.sft.dataloader_num_workers"):
+                    "train.host_syncs", "train.sft.dataloader_num_workers", "train.experts_kept_16bit"):
             assert seed.get(key) == default.get(key), (arch, key, seed.get(key))
 
 
