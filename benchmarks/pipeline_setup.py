@@ -244,11 +244,10 @@ def compose_params(recipe: str, repo: Path, model_dir: Path | None, data_name: s
     return params
 
 
-def cut_to_depth(params: dict, layers: int) -> dict:
-    """`params` for a model of `layers` decoder layers, fewer than the recipe's has: no more layers' experts kept in
-    16 bits (train.experts_kept_16bit) than it has. Changed in place and returned."""
+def cut_to_depth(params: dict, layers: int) -> None:
+    """`params`, in place, for a model of `layers` decoder layers, fewer than the recipe's has: no more layers' experts
+    kept in 16 bits (train.experts_kept_16bit) than it has."""
     params["train"]["experts_kept_16bit"] = min(params["train"]["experts_kept_16bit"], layers)
-    return params
 
 
 def processes(repo: Path, accelerate_config: str) -> int:

@@ -167,7 +167,9 @@ def main():
 
     state = PartialState()
     raw = compose(args.recipe)
-    raw = apply_sets(cut_to_depth(raw, args.layers) if args.layers else raw, args.set)
+    if args.layers:
+        cut_to_depth(raw, args.layers)
+    raw = apply_sets(raw, args.set)
     warm = WARM_STEPS[args.arch]
     raw["train"]["checkpoint_steps"] = 0
     profiled = 3 if args.profile else 0
