@@ -13,6 +13,8 @@ Checks, each as max |logit diff| and |loss diff| against a float32 eager referen
   - varlen_attention: the same Qwen2 LoRA rows under torch_varlen (torch's FlashAttention kernel for
     variable-length sequences, lora_pipeline.model.varlen_attention), layers eager and compiled, vs eager flex
     attention;
+  - varlen_sinks: the same for a 2-layer gpt-oss (a sliding-window and a full layer, sinks away from zero, attention
+    LoRA), its sinks folded around the kernel, vs bf16 flex attention and float32 eager;
   - generation: the implementations evaluate decodes with (lora_pipeline.evaluate.generation.use_for_generation, from
     a model loaded as the recipes train it), greedy with a KV cache after left-padded prompts; each step's logits
     against a float32 forward over the same tokens with eager attention and the eager experts loop;
@@ -151,11 +153,12 @@ def check_padding_free(rows):
                      "tolerance": 1e-4, "pass": bool(abs(flat_loss - padded_loss).item() <= 1e-4)})
 
 
-def packed_qwen2_lora(rows, label: str, candidates: dict) -> None:
-    """Qwen2 with LoRA over padding-free rows with a padded tail, as the train stage batches them (TRL's collator:
-    position_ids and the sequence bounds): float32 flex attention (the reference) and bf16 flex attention (stock)
-    against each candidate, `name: (attention, torch.compile mode of the decoder layers)`, in bf16: logits, loss
-    and the LoRA gradients, for two packed lengths (compiled layers then build a graph over a symbolic length)."""
+def packed_lora(rows, label: str, candidates: dict, model: str = "qwen2") -> None:
+    """Qwen2 (or gpt-oss, its sinks and sliding window) with LoRA over padding-free rows with a padded tail, as the
+    train stage batches them (TRL's collator: position_ids and the sequence bounds): a float32 reference (flex
+    attention; gpt-oss eager) and bf16 flex attention (stock) against each candidate, `name: (attention,
+    torch.compile mode of the decoder layers)`, in bf16: logits, loss and the LoRA gradients, for two packed lengths
+    (compiled layers then build a graph over a symbolic length)."""
     from peft import LoraConfig, get_peft_model
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
@@ -164,10 +167,12 @@ def packed_qwen2_lora(rows, label: str, candidates: dict) -> None:
 
     register()
     torch.manual_seed(0)
-    base = small_qwen2()
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    base, vocab, reference = (small_gpt_oss(), 4096, "eager") if model == "gpt-oss" else (small_qwen2(), 8192,
+                                                                                          "flex_attention")
+    targets = (["q_proj", "k_proj", "v_proj", "o_proj"] if model == "gpt-oss" else
+               ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     models = {}
-    for name, dtype, (attention, mode) in (("fp32", torch.float32, ("flex_attention", "none")),
+    for name, dtype, (attention, mode) in (("fp32", torch.float32, (reference, "none")),
                                            ("stock", torch.bfloat16, ("flex_attention", "none")),
                                            *((name, torch.bfloat16, how) for name, how in candidates.items())):
         torch.manual_seed(1)
@@ -176,18 +181,18 @@ def packed_qwen2_lora(rows, label: str, candidates: dict) -> None:
         compile_decoder_layers(models[name], mode)
     collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=256)
     for lengths in ([700, 300, 981], [512, 1200, 77, 640]):  # packed lengths 2048 and 2496 with their tails
-        batch = collate([{"input_ids": torch.randint(3, 8192, (n,)).tolist()} for n in lengths])
+        batch = collate([{"input_ids": torch.randint(3, vocab, (n,)).tolist()} for n in lengths])
         batch = {k: v.to("cuda") if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         results = {}
-        for name, model in models.items():
-            model.zero_grad()
-            out = model(**batch)
+        for name, peft_model in models.items():
+            peft_model.zero_grad()
+            out = peft_model(**batch)
             out.loss.backward()
-            grads = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.requires_grad])
+            grads = torch.cat([p.grad.flatten().float() for p in peft_model.parameters() if p.requires_grad])
             results[name] = (out.logits.float().detach(), out.loss.float().detach(), grads)
         rel = lambda g: ((g - results["fp32"][2]).norm() / results["fp32"][2].norm()).item()  # noqa: E731
         for name, (attention, mode) in candidates.items():
-            row = compare(f"qwen2 LoRA: {label} {name} ({attention}, layers compiled: {mode}) vs eager flex "
+            row = compare(f"{model} LoRA: {label} {name} ({attention}, layers compiled: {mode}) vs eager flex "
                           f"(bf16, packed {batch['input_ids'].shape[1]})",
                           results["fp32"][:2], results["stock"][:2], results[name][:2])
             row |= {"stock_lora_grad_rel": rel(results["stock"][2]), "swap_lora_grad_rel": rel(results[name][2])}
@@ -196,12 +201,17 @@ def packed_qwen2_lora(rows, label: str, candidates: dict) -> None:
 
 
 def check_compiled_layers(rows):
-    packed_qwen2_lora(rows, "compiled decoder layers", {"compiled": ("flex_attention", "default")})
+    packed_lora(rows, "compiled decoder layers", {"compiled": ("flex_attention", "default")})
 
 
 def check_varlen_attention(rows):
-    packed_qwen2_lora(rows, "torch's varlen FlashAttention", {"varlen": ("torch_varlen", "none"),
-                                                              "varlen-compiled": ("torch_varlen", "default")})
+    packed_lora(rows, "torch's varlen FlashAttention", {"varlen": ("torch_varlen", "none"),
+                                                        "varlen-compiled": ("torch_varlen", "default")})
+
+
+def check_varlen_sinks(rows):
+    packed_lora(rows, "torch's varlen FlashAttention, sinks folded in", {"varlen": ("torch_varlen", "none")},
+                model="gpt-oss")
 
 
 def generated_logits(model, ids, mask, new_tokens):
@@ -427,7 +437,7 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
 
 CHECKS = {"compiled_layers": check_compiled_layers, "generation": check_generation, "gpt-oss": check_gpt_oss,
           "liger": check_liger, "mxfp4_experts": check_mxfp4_experts, "padding-free": check_padding_free,
-          "varlen_attention": check_varlen_attention}
+          "varlen_attention": check_varlen_attention, "varlen_sinks": check_varlen_sinks}
 
 
 def main():

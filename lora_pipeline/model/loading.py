@@ -35,14 +35,11 @@ def runnable_implementations(model_type: str, model_params) -> dict:
     """The attention and experts implementations this machine runs for a model of `model_type`, and why any
     differs from what model.attn_implementation / model.experts_implementation ask for.
 
-    Flex attention (the fast path for gpt-oss's attention sinks and for padding-free batches), torch_varlen (torch's
-    FlashAttention over padding-free rows) and flash attention need a GPU; gpt-oss has no sdpa path (its sinks), so
-    eager stands in for it.
+    Flex attention (block-sparse over padding-free batches), torch_varlen (torch's FlashAttention over padding-free
+    rows, gpt-oss's sinks included) and flash attention need a GPU; gpt-oss has no sdpa path (its sinks), so eager
+    stands in for it.
     """
     attention, experts, notes = model_params.attn_implementation, model_params.experts_implementation, []
-    if attention == VARLEN and model_type == "gpt_oss":
-        notes.append(f"gpt-oss's attention sinks are not in {VARLEN}'s kernel")
-        attention = "flex_attention"
     if attention in ("flex_attention", "flash_attention_2", VARLEN) and not torch.cuda.is_available():
         notes.append(f"{attention} needs a CUDA GPU")
         attention = "sdpa"
@@ -61,9 +58,10 @@ def inference_attention(model_type: str, attention: str) -> tuple[str, str | Non
     does not pay there: it compiles for each new shape, and its block mask skips nothing in padded rows; gpt-oss's
     does not compile for short passes at all (Inductor finds no kernel for its sinks' score function). So gpt-oss,
     whose sinks rule out sdpa, runs eager, the reference, and other models sdpa, which decodes faster and compiles
-    nothing (docs/evaluation.md). torch_varlen takes padding-free rows only: sdpa runs these passes."""
+    nothing (docs/evaluation.md). torch_varlen takes padding-free rows only: sdpa runs these passes (gpt-oss: eager)."""
     if attention == VARLEN:
-        return "sdpa", f"{VARLEN} takes padding-free rows only: sdpa"
+        fallback = "eager" if model_type == "gpt_oss" else "sdpa"
+        return fallback, f"{VARLEN} takes padding-free rows only: {fallback}"
     if attention != "flex_attention":
         return attention, None
     if model_type == "gpt_oss":

@@ -66,6 +66,80 @@ def test_rows_without_bounds_are_each_one_causal_sequence(monkeypatch):
     torch.testing.assert_close(varlen[1, :12], sdpa[1, :12], rtol=1e-5, atol=1e-5)
 
 
+def tiny_gpt_oss(sliding_window: int):
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    config = GptOssConfig(vocab_size=97, hidden_size=32, intermediate_size=32, num_hidden_layers=2, head_dim=8,
+                          num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                          sliding_window=sliding_window, layer_types=["sliding_attention", "full_attention"],
+                          use_cache=False)
+    torch.manual_seed(0)
+    model = GptOssForCausalLM(config)
+    with torch.no_grad():  # sinks away from zero, so that they count
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0, 2)
+    return model
+
+
+def test_gpt_oss_packed_rows_keep_their_sinks_and_window():
+    """gpt-oss over three packed rows (a sliding window of 5 keys in its first layer, learned sinks in both):
+    each row's logits and every gradient, the sinks' included, are eager attention's over the rows alone, through
+    the sinks folded around the kernel pair (on the CPU the reference pair, which recomputes the backward from the
+    output and log-sum-exp it is given, as FlashAttention does)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    varlen_attention.register()
+    model = tiny_gpt_oss(sliding_window=5)
+    rows = [torch.randint(3, 97, (n,)).tolist() for n in (23, 6, 17)]
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": row} for row in rows])
+    model.config._attn_implementation = varlen_attention.NAME
+    out = model(**batch)
+    out.loss.backward()
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert any(n.endswith("sinks") for n in packed_grads)
+    model.zero_grad()
+    model.config._attn_implementation = "eager"
+    start, losses = 0, 0
+    for row in rows:
+        alone = model(input_ids=torch.tensor([row]), labels=torch.tensor([row]))
+        torch.testing.assert_close(out.logits[:, start:start + len(row)], alone.logits, rtol=1e-5, atol=1e-5)
+        losses = losses + alone.loss * (len(row) - 1)
+        start += len(row)
+    (losses / sum(len(row) - 1 for row in rows)).backward()
+    for name, param in model.named_parameters():
+        if param.grad is not None:
+            torch.testing.assert_close(packed_grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_sinks_are_folded_around_the_kernel_pair():
+    """sink_varlen_attention's output and gradients (queries, keys, values, sinks) against the same attention
+    written out: scores, the sink as one more logit of each softmax with no value, the window; in float64."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(11, heads, 4, dtype=torch.float64, requires_grad=True) for heads in (4, 2, 2))
+    sinks = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    cu = torch.tensor([0, 7, 11], dtype=torch.int32)
+    grad = torch.randn(11, 4, 4, dtype=torch.float64)
+
+    def written_out():
+        outs = []
+        for start, end in ((0, 7), (7, 11)):
+            keys, values = (t[start:end].repeat_interleave(2, dim=1) for t in (k, v))
+            scores = torch.einsum("qhd,khd->hqk", q[start:end], keys) * 0.3
+            behind = torch.arange(end - start)[:, None] - torch.arange(end - start)[None, :]
+            scores = scores.masked_fill((behind < 0) | (behind >= 3), float("-inf"))
+            with_sink = torch.cat([scores, sinks[:, None, None].expand(-1, end - start, 1)], dim=-1)
+            probs = torch.softmax(with_sink, dim=-1)[..., :-1]
+            outs.append(torch.einsum("hqk,khd->qhd", probs, values))
+        return torch.cat(outs)
+
+    results = []
+    for attention in (lambda: varlen_attention.sink_varlen_attention(q, k, v, sinks, cu, 7, 0.3, 3), written_out):
+        out = attention()
+        results.append((out, *torch.autograd.grad(out, (q, k, v, sinks), grad)))
+    for folded, written in zip(*results):
+        torch.testing.assert_close(folded, written)
+
+
 @pytest.mark.parametrize("version", ["2.11", "2.13"])
 def test_the_kernel_is_called_as_each_torch_version_takes_it(monkeypatch, version):
     """torch 2.10/2.11's varlen_attn takes is_causal and neither a scale nor grouped heads (the key-value heads are
@@ -98,8 +172,8 @@ def test_the_kernel_is_called_as_each_torch_version_takes_it(monkeypatch, versio
 
 
 def test_where_torch_varlen_runs():
-    """A GPU's training attention; on a CPU sdpa stands in (recorded); gpt-oss (attention sinks) keeps flex
-    attention; decoding and the held-out loss (left-padded or whole rows) run sdpa."""
+    """A GPU's training attention, gpt-oss's too; on a CPU sdpa stands in (recorded), eager for gpt-oss; decoding
+    and the held-out loss (left-padded or whole rows) run sdpa, gpt-oss eager."""
     from types import SimpleNamespace
 
     asked = SimpleNamespace(attn_implementation="torch_varlen", experts_implementation="eager")
@@ -109,9 +183,9 @@ def test_where_torch_varlen_runs():
     else:
         assert chosen["attention"] == "sdpa" and chosen["notes"] == ["torch_varlen needs a CUDA GPU"]
     gpt_oss = runnable_implementations("gpt_oss", asked)
-    assert gpt_oss["notes"][0] == "gpt-oss's attention sinks are not in torch_varlen's kernel"
-    assert gpt_oss["attention"] == ("flex_attention" if torch.cuda.is_available() else "eager")
+    assert gpt_oss["attention"] == ("torch_varlen" if torch.cuda.is_available() else "eager")
     assert inference_attention("qwen2", "torch_varlen")[0] == "sdpa"
+    assert inference_attention("gpt_oss", "torch_varlen")[0] == "eager"
 
 
 def test_the_kernel_call_compiles_into_one_graph_without_a_warning(monkeypatch):
