@@ -33,10 +33,10 @@ import json
 import torch
 
 
-def small_gpt_oss(attn="eager", experts="eager"):
+def small_gpt_oss(attn="eager", experts="eager", experts_per_token=2):
     from transformers import GptOssConfig, GptOssForCausalLM
 
-    cfg = GptOssConfig(num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=2, vocab_size=4096,
+    cfg = GptOssConfig(num_hidden_layers=2, num_local_experts=8, num_experts_per_tok=experts_per_token, vocab_size=4096,
                        hidden_size=512, intermediate_size=512, head_dim=64, num_attention_heads=8,
                        num_key_value_heads=2, sliding_window=128, use_cache=False,
                        layer_types=["sliding_attention", "full_attention"])
@@ -167,8 +167,10 @@ def packed_lora(rows, label: str, candidates: dict, model: str = "qwen2") -> Non
 
     register()
     torch.manual_seed(0)
-    base, vocab, reference = (small_gpt_oss(), 4096, "eager") if model == "gpt-oss" else (small_qwen2(), 8192,
-                                                                                          "flex_attention")
+    # gpt-oss routes every token to all its experts here: with top-2 routing a rounding difference flips tokens to
+    # other experts, and those flips, not the attention, decide how far bf16 runs land from float32
+    base, vocab, reference = ((small_gpt_oss(experts_per_token=8), 4096, "eager") if model == "gpt-oss" else
+                              (small_qwen2(), 8192, "flex_attention"))
     targets = (["q_proj", "k_proj", "v_proj", "o_proj"] if model == "gpt-oss" else
                ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     models = {}
@@ -210,6 +212,32 @@ def check_varlen_attention(rows):
 
 
 def check_varlen_sinks(rows):
+    """The sinks folded around torch's FlashAttention (bf16, a GPU) against the same attention in float64 by the
+    reference pair, at gpt-oss-20b's heads: output and the gradients of queries, keys, values and sinks; then the
+    small gpt-oss with LoRA over packed rows (packed_lora)."""
+    import itertools
+
+    from lora_pipeline.model.varlen_attention import sink_varlen_attention
+
+    torch.manual_seed(0)
+    lengths = [700, 300, 981, 67, 1]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    tokens, heads, kv_heads, dim = sum(lengths), 64, 8, 64
+    inputs = [torch.randn(tokens, n, dim, dtype=torch.float64) for n in (heads, kv_heads, kv_heads)]
+    inputs.append(torch.randn(heads, dtype=torch.float64))
+    grad = torch.randn(tokens, heads, dim, dtype=torch.float64)
+    for window in (0, 128):
+        results = {}
+        for name, device, dtype in (("float64", "cpu", torch.float64), ("bf16", "cuda", torch.bfloat16)):
+            leaves = [t.to(device, dtype).requires_grad_() for t in inputs]
+            out = sink_varlen_attention(*leaves, cu.to(device), max(lengths), dim ** -0.5, window)
+            results[name] = [out, *torch.autograd.grad(out, leaves, grad.to(device, dtype))]
+        errors = {f"{name}_rel": ((b.cpu().double() - a).norm() / a.norm()).item()
+                  for name, a, b in zip(("out", "dq", "dk", "dv", "dsinks"), results["float64"], results["bf16"])}
+        rows.append({"check": f"gpt-oss sinks folded around FlashAttention, window {window or 'none'}, {heads} query "
+                              f"and {kv_heads} key-value heads, packed {lengths} (bf16 vs float64)", **errors,
+                     "tolerance": "relative difference at most 1e-2 (a few bf16 roundings)",
+                     "pass": all(e <= 1e-2 for e in errors.values())})
     packed_lora(rows, "torch's varlen FlashAttention, sinks folded in", {"varlen": ("torch_varlen", "none")},
                 model="gpt-oss")
 
