@@ -87,14 +87,8 @@ def causal_varlen_attention(q, k, v, cu_seq_lens, max_length: int, scale: float)
 
 
 def reference_varlen_attention(q, k, v, cu_seq_lens, max_length: int, scale: float):
-    """The same attention by sdpa, one sequence at a time: the pure-torch reference (any device, any dtype)."""
-    bounds = cu_seq_lens.tolist()
-    outs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        seq = [t[start:end].transpose(0, 1)[None] for t in (q, k, v)]  # [1, heads, length, head_dim]
-        outs.append(torch.nn.functional.scaled_dot_product_attention(
-            *seq, is_causal=True, scale=scale, enable_gqa=k.shape[1] != q.shape[1])[0].transpose(0, 1))
-    return torch.cat(outs)
+    """causal_varlen_attention by the reference pair's forward: the pure-torch reference (any device, any dtype)."""
+    return reference_flash_forward(q, k, v, cu_seq_lens, scale, -1)[0]
 
 
 def sink_varlen_attention(q, k, v, sinks, cu_seq_lens, max_length: int, scale: float, sliding_window: int = 0):

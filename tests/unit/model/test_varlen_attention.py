@@ -12,6 +12,29 @@ from lora_pipeline.model import varlen_attention
 from lora_pipeline.model.loading import inference_attention, runnable_implementations
 
 
+def assert_packed_as_alone(model, batch, rows, alone_attention: str) -> dict:
+    """The model under torch_varlen over the packed `batch` of `rows`: each row's logits and every gradient equal
+    those of the rows run alone under `alone_attention`. Returns the packed run's gradients."""
+    model.config._attn_implementation = varlen_attention.NAME
+    out = model(**batch)
+    out.loss.backward()
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model.config._attn_implementation = alone_attention
+    start, losses = 0, 0
+    for row in rows:
+        alone = model(input_ids=torch.tensor([row]), labels=torch.tensor([row]))
+        torch.testing.assert_close(out.logits[:, start:start + len(row)], alone.logits, rtol=1e-5, atol=1e-5)
+        losses = losses + alone.loss * (len(row) - 1)
+        start += len(row)
+    (losses / sum(len(row) - 1 for row in rows)).backward()
+    for name, param in model.named_parameters():
+        if param.grad is not None:
+            torch.testing.assert_close(packed_grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert packed_grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+    return packed_grads
+
+
 def test_packed_rows_attend_within_their_own_sequence(monkeypatch):
     """Three rows packed into one, with the bounds TRL's padding-free collator computes on the CPU and a padded tail
     (each pad token a sequence of its own, as pad_to_multiple_of leaves it): each row's logits and the loss's
@@ -28,21 +51,8 @@ def test_packed_rows_attend_within_their_own_sequence(monkeypatch):
     batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=32)(
         [{"input_ids": row} for row in rows])
     assert batch["input_ids"].shape[1] == 96 and batch["cu_seq_lens_q"].tolist()[:4] == [0, 50, 57, 90]
-    model.config._attn_implementation = varlen_attention.NAME
-    out = model(**batch)
-    out.loss.backward()
-    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    model.config._attn_implementation = "sdpa"
-    start, losses = 0, 0
-    for row in rows:
-        alone = model(input_ids=torch.tensor([row]), labels=torch.tensor([row]))
-        torch.testing.assert_close(out.logits[:, start:start + len(row)], alone.logits, rtol=1e-5, atol=1e-5)
-        losses = losses + alone.loss * (len(row) - 1)
-        start += len(row)
-    (losses / sum(len(row) - 1 for row in rows)).backward()
-    for name, param in model.named_parameters():
-        torch.testing.assert_close(packed_grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
+    packed_grads = assert_packed_as_alone(model, batch, rows, "sdpa")
+    assert packed_grads.keys() == {name for name, _ in model.named_parameters()}
 
 
 def test_rows_without_bounds_are_each_one_causal_sequence(monkeypatch):
@@ -92,23 +102,8 @@ def test_gpt_oss_packed_rows_keep_their_sinks_and_window():
     model = tiny_gpt_oss(sliding_window=5)
     rows = [torch.randint(3, 97, (n,)).tolist() for n in (23, 6, 17)]
     batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": row} for row in rows])
-    model.config._attn_implementation = varlen_attention.NAME
-    out = model(**batch)
-    out.loss.backward()
-    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    packed_grads = assert_packed_as_alone(model, batch, rows, "eager")
     assert any(n.endswith("sinks") for n in packed_grads)
-    model.zero_grad()
-    model.config._attn_implementation = "eager"
-    start, losses = 0, 0
-    for row in rows:
-        alone = model(input_ids=torch.tensor([row]), labels=torch.tensor([row]))
-        torch.testing.assert_close(out.logits[:, start:start + len(row)], alone.logits, rtol=1e-5, atol=1e-5)
-        losses = losses + alone.loss * (len(row) - 1)
-        start += len(row)
-    (losses / sum(len(row) - 1 for row in rows)).backward()
-    for name, param in model.named_parameters():
-        if param.grad is not None:
-            torch.testing.assert_close(packed_grads[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_the_sinks_are_folded_around_the_kernel_pair():
