@@ -162,8 +162,9 @@ def packed_lora(rows, label: str, candidates: dict, model: str = "qwen2") -> Non
     from peft import LoraConfig, get_peft_model
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from lora_pipeline.train.training import compile_decoder_layers
+    from lora_pipeline.model.loading import mask_packed_rows
     from lora_pipeline.model.varlen_attention import register
+    from lora_pipeline.train.training import compile_decoder_layers
 
     register()
     torch.manual_seed(0)
@@ -178,7 +179,9 @@ def packed_lora(rows, label: str, candidates: dict, model: str = "qwen2") -> Non
                                            ("stock", torch.bfloat16, ("flex_attention", "none")),
                                            *((name, torch.bfloat16, how) for name, how in candidates.items())):
         torch.manual_seed(1)
-        models[name] = get_peft_model(set_impl(copy.deepcopy(base), attention).to("cuda", dtype), LoraConfig(
+        model_of_name = set_impl(copy.deepcopy(base), attention).to("cuda", dtype)
+        mask_packed_rows(model_of_name)  # gpt-oss's eager and flex attention: the packed rows apart, as train runs them
+        models[name] = get_peft_model(model_of_name, LoraConfig(
             r=8, lora_alpha=32, target_modules=targets, lora_dropout=0.0, init_lora_weights=False))
         compile_decoder_layers(models[name], mode)
     collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=256)

@@ -18,7 +18,8 @@ from trl import SFTConfig, SFTTrainer
 from lora_pipeline.launch.ancestors import any_gone, dvc_ancestors
 from lora_pipeline.launch.checkpoints import write_manifest
 from lora_pipeline.model.checks import BITSANDBYTES, MXFP4_EXPERTS
-from lora_pipeline.model.loading import apply_liger, load_model, load_tokenizer, lora_config, training_device_map
+from lora_pipeline.model.loading import (apply_liger, load_model, load_tokenizer, lora_config, mask_packed_rows,
+                                         training_device_map)
 from lora_pipeline.model.mxfp4_experts import pack_experts
 from lora_pipeline.train.sft_args import train_sft_args
 
@@ -244,6 +245,7 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     model = load_model(base, params.model, params.quantization, device_map=training_device_map())
     model.config.use_cache = False
+    packed_row_masks = mask_packed_rows(model) if levers["padding_free"] or levers["packing"] else None
     packed = None
     if params.model.experts_implementation == MXFP4_EXPERTS:  # the frozen experts back in MXFP4, before LoRA
         packed = pack_experts(model, params.lora.target_parameters, params.train.experts_kept_16bit)
@@ -291,6 +293,8 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
               "experts": getattr(model.config, "_experts_implementation", None), "liger": liger, **levers}
     if packed:  # only then: the adapter's training_info.json of any other run stays as it was
         record["packed_experts"] = {**packed, "ddp_broadcast_buffers": args.ddp_broadcast_buffers}
+    if packed_row_masks:  # likewise
+        record["packed_row_masks"] = packed_row_masks
     if params.train.compile_layers != "none":  # likewise
         record["compiled_layers"] = compiled
     if sync_free:  # likewise
