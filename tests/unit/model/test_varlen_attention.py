@@ -1,7 +1,8 @@
-"""torch_varlen, torch's FlashAttention over padding-free rows, on the CPU: the model's plumbing (sequence bounds
-from TRL's collator, grouped key-value heads, the layout transformers expects) over the pure-torch reference
-kernel, the choice among torch's versions of varlen_attn, and where it runs. The kernel itself is checked on a GPU by
-benchmarks/check_kernels.py --only varlen_attention."""
+"""Padding-free rows on the CPU. torch_varlen, torch's FlashAttention over them: the model's plumbing (sequence
+bounds from TRL's collator, grouped key-value heads, the layout transformers expects) over the pure-torch reference
+kernel, the choice among torch's versions of varlen_attn, and where it runs (the kernel itself is checked on a GPU by
+benchmarks/check_kernels.py --only varlen_attention). And gpt-oss's own attention, whose masks mask_packed_rows builds
+from the position_ids."""
 import inspect
 
 import pytest
@@ -9,13 +10,13 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from lora_pipeline.model import varlen_attention
-from lora_pipeline.model.loading import inference_attention, runnable_implementations
+from lora_pipeline.model.loading import inference_attention, mask_packed_rows, runnable_implementations
 
 
-def assert_packed_as_alone(model, batch, rows, alone_attention: str) -> dict:
-    """The model under torch_varlen over the packed `batch` of `rows`: each row's logits and every gradient equal
-    those of the rows run alone under `alone_attention`. Returns the packed run's gradients."""
-    model.config._attn_implementation = varlen_attention.NAME
+def assert_packed_as_alone(model, batch, rows, alone_attention: str, packed_attention: str = varlen_attention.NAME):
+    """The model under `packed_attention` over the packed `batch` of `rows`: each row's logits and every gradient
+    equal those of the rows run alone under `alone_attention`. Returns the packed run's gradients."""
+    model.config._attn_implementation = packed_attention
     out = model(**batch)
     out.loss.backward()
     packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -104,6 +105,26 @@ def test_gpt_oss_packed_rows_keep_their_sinks_and_window():
     batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": row} for row in rows])
     packed_grads = assert_packed_as_alone(model, batch, rows, "eager")
     assert any(n.endswith("sinks") for n in packed_grads)
+
+
+def test_gpt_oss_eager_attention_keeps_packed_rows_apart():
+    """transformers' gpt-oss builds its masks without the position_ids, so under eager attention each packed row
+    would attend to the rows before it. With mask_packed_rows each row's logits and every gradient are those of the
+    rows alone; torch_varlen, which reads the bounds itself, and Qwen2, which passes the position_ids, get no hook."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    rows = [torch.randint(3, 97, (n,)).tolist() for n in (23, 6, 17)]
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": row} for row in rows])
+    model = tiny_gpt_oss(sliding_window=5)
+    model.config._attn_implementation = "eager"
+    assert mask_packed_rows(model).startswith("eager: masks from the position_ids")
+    assert_packed_as_alone(model, batch, rows, "eager", packed_attention="eager")
+    varlen_attention.register()
+    unhooked = tiny_gpt_oss(sliding_window=5)
+    unhooked.config._attn_implementation = varlen_attention.NAME
+    qwen2 = Qwen2ForCausalLM(Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    assert mask_packed_rows(unhooked) is None and mask_packed_rows(qwen2) is None
 
 
 def test_the_sinks_are_folded_around_the_kernel_pair():
