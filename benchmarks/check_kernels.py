@@ -14,7 +14,8 @@ Checks, each as max |logit diff| and |loss diff| against a float32 eager referen
     variable-length sequences, lora_pipeline.model.varlen_attention), layers eager and compiled, vs eager flex
     attention;
   - varlen_sinks: the same for a 2-layer gpt-oss (a sliding-window and a full layer, sinks away from zero, attention
-    LoRA), its sinks folded around the kernel, vs bf16 flex attention and float32 eager;
+    LoRA), its sinks folded around the kernel, vs bf16 flex attention and float32 eager (their masks built from the
+    position_ids, as train builds them: lora_pipeline.model.loading.mask_packed_rows);
   - generation: the implementations evaluate decodes with (lora_pipeline.evaluate.generation.use_for_generation, from
     a model loaded as the recipes train it), greedy with a KV cache after left-padded prompts; each step's logits
     against a float32 forward over the same tokens with eager attention and the eager experts loop;
