@@ -149,7 +149,8 @@ def mask_packed_rows(model) -> str | None:
     decoder = model.get_decoder()
 
     def packed_masks(module, args, kwargs):
-        position_ids, rows = kwargs.get("position_ids"), kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        position_ids = kwargs.get("position_ids")
+        rows = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
         past = kwargs.get("cache", kwargs.get("past_key_values"))
         if position_ids is None or rows is None or kwargs.get("attention_mask") is not None or past is not None:
             return None  # padded rows (their mask given) and decoding: the model's own masks are right
