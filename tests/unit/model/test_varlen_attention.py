@@ -119,7 +119,6 @@ def test_gpt_oss_eager_attention_keeps_packed_rows_apart():
     model.config._attn_implementation = "eager"
     assert mask_packed_rows(model).startswith("eager: masks from the position_ids")
     assert_packed_as_alone(model, batch, rows, "eager", packed_attention="eager")
-    varlen_attention.register()
     unhooked = tiny_gpt_oss(sliding_window=5)
     unhooked.config._attn_implementation = varlen_attention.NAME
     qwen2 = Qwen2ForCausalLM(Qwen2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
