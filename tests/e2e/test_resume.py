@@ -87,16 +87,16 @@ def running_workers(proc, what: str):
     return found
 
 
-def killed_training(repo, at_step, accelerate_config="cpu") -> int:
+def killed_training(repo, at_step, accelerate_config="cpu") -> tuple[int, str]:
     """Start training, SIGKILL DVC, the launcher and the workers (these stop at their next step when the launcher
-    is gone) once a checkpoint at `at_step` exists; return the last complete checkpoint's step."""
+    is gone) once a checkpoint at `at_step` exists; return the last complete checkpoint's step and the run's output."""
     proc = start_training(repo, accelerate_config)
     wait_for_checkpoint_step(proc, repo, at_step)
     training = workers(proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     psutil.wait_procs(training)
-    return max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
+    return max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo)), proc.stdout.read()
 
 
 def assert_same_adapter(repo, reference):
@@ -104,20 +104,6 @@ def assert_same_adapter(repo, reference):
     assert resumed.keys() == reference.keys()
     worst = max((resumed[k] - reference[k]).abs().max().item() / reference[k].abs().max().item() for k in reference)
     assert worst < 1e-4, f"resumed adapter differs from the uninterrupted one by {worst:.3g} (relative)"
-
-
-def test_sigkill_of_everything_resumes_from_the_last_checkpoint(short_repo):
-    repo, reference, reference_metrics = short_repo
-    forget_training(repo)
-    done = killed_training(repo, at_step=6)
-    output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
-    assert "resuming from checkpoints/train-" in output
-    metrics = json.loads((repo / "metrics/train.json").read_text())
-    assert run_facts(repo)["resumed_from_step"] == done >= 6 and metrics["steps"] == STEPS
-    assert metrics.keys() == reference_metrics.keys() and metrics["tokens"] == reference_metrics["tokens"]
-    assert metrics["train_loss"] == pytest.approx(reference_metrics["train_loss"], rel=1e-4)
-    assert_same_adapter(repo, reference)
-    assert not checkpoints(repo), "a finished run leaves no checkpoint behind"
 
 
 def stopped_training(repo):
@@ -130,23 +116,35 @@ def stopped_training(repo):
     return output, proc.returncode
 
 
-def test_sigterm_to_the_worker_saves_a_checkpoint_and_loses_no_step(short_repo):
+def test_sigterm_to_the_worker_loses_no_step_and_a_damaged_newest_checkpoint_is_set_aside(short_repo):
+    """SIGTERM to the worker: it checkpoints the step it stopped at and says so in one line. Then that newest
+    checkpoint's adapter and optimizer state cut off halfway, as a full disk or a lost node leaves them: the next run
+    sets it aside with one line, resumes from the one before (a stop by SIGTERM saves one more checkpoint after
+    checkpoint 4, so there is always one before) and ends as an uninterrupted run. The next test resumes from a
+    SIGTERM's checkpoint itself."""
     repo, reference, _ = short_repo
     forget_training(repo)
     output, returncode = stopped_training(repo)
     assert returncode != 0, "an interrupted training must not count as done"
     stopped_at = int(output.split("train stopped by SIGTERM (signal 15) at step ")[1].split(";")[0])
     assert stopped_at < STEPS
-    last = max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo))
-    assert last == stopped_at, "the step the worker stopped at is checkpointed: no step is lost"
-    kept = complete_checkpoints(repo)[-1].relative_to(repo)
-    assert f"; kept: checkpoint {kept} (step {stopped_at}); `dvc repro` resumes from it" in output
+    *_, before, newest = complete_checkpoints(repo)
+    assert int(newest.name.split("-")[1]) == stopped_at, "the step the worker stopped at is checkpointed"
+    assert f"; kept: checkpoint {newest.relative_to(repo)} (step {stopped_at}); `dvc repro` resumes from it" in output
     assert output.count(" stopped by ") == 1 and "Traceback" not in output, output[-3000:]
-    run(["dvc", "repro", "--no-run-cache", "train"], repo)
-    assert run_facts(repo)["resumed_from_step"] == stopped_at
+
+    for name in ("adapter_model.safetensors", "optimizer.pt"):
+        path = newest / name
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
+    set_aside = [line for line in output.splitlines() if line.startswith(f"{newest.name} set aside in ")]
+    assert len(set_aside) == 1 and "adapter_model.safetensors is " in set_aside[0], output[-3000:]
+    assert f"resuming from {before.relative_to(repo)}" in output
+    assert run_facts(repo)["resumed_from_step"] == int(before.name.split("-")[1])
+    assert json.loads((repo / "metrics/train.json").read_text())["steps"] == STEPS
     assert_same_adapter(repo, reference)
-
-
+    damaged = newest.parent / DAMAGED / newest.name
+    assert (damaged / "optimizer.pt").is_file() and not checkpoints(repo), "kept aside; the finished run's removed"
 
 
 def test_sigterm_to_dvc_alone_stops_the_orphaned_training_with_a_checkpoint(short_repo):
@@ -167,10 +165,12 @@ def test_sigterm_to_dvc_alone_stops_the_orphaned_training_with_a_checkpoint(shor
     assert_same_adapter(repo, reference)
 
 
-def test_sigkill_of_the_training_process_ends_in_one_line(short_repo):
+def test_sigkill_of_the_training_process_ends_in_one_line_and_of_everything_resumes(short_repo):
     """The worker killed (the OOM killer's way): no chance to save, so the last complete checkpoint is kept; the
-    launcher says so in one line, with no traceback, and `dvc repro` resumes from it."""
-    repo, _, _ = short_repo
+    launcher says so in one line, with no traceback, and `dvc repro` resumes from it. That run killed whole (DVC, the
+    launcher and the worker, as a lost machine): the next resumes from its last checkpoint and ends where an
+    uninterrupted run ends, leaving no checkpoint behind."""
+    repo, reference, reference_metrics = short_repo
     forget_training(repo)
     proc = start_training(repo)
     wait_for_checkpoint_step(proc, repo, 4)
@@ -184,8 +184,17 @@ def test_sigkill_of_the_training_process_ends_in_one_line(short_repo):
             "`dvc repro` resumes from it")
     assert [text for text in output.splitlines() if " stopped by " in text] == [line], output[-3000:]
     assert "Traceback" not in output and "CalledProcessError" not in output, output[-3000:]
+
+    done, output = killed_training(repo, at_step=step + 2)
+    assert f"resuming from {kept.relative_to(repo)}" in output, output[-3000:]
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
-    assert f"resuming from {kept.relative_to(repo)}" in output and run_facts(repo)["resumed_from_step"] == step
+    assert "resuming from checkpoints/train-" in output
+    metrics = json.loads((repo / "metrics/train.json").read_text())
+    assert run_facts(repo)["resumed_from_step"] == done > step and metrics["steps"] == STEPS
+    assert metrics.keys() == reference_metrics.keys() and metrics["tokens"] == reference_metrics["tokens"]
+    assert metrics["train_loss"] == pytest.approx(reference_metrics["train_loss"], rel=1e-4)
+    assert_same_adapter(repo, reference)
+    assert not checkpoints(repo), "a finished run leaves no checkpoint behind"
 
 
 def running_with_torch(proc: subprocess.Popen, cmdline: str) -> list[psutil.Process]:
@@ -225,7 +234,7 @@ def test_two_processes_resume_after_a_kill(short_repo):
     set_params(repo, **{"train.accelerate_config": "cpu_ddp"})
     run(["accelerate", "launch", "--config_file", "configs/accelerate/cpu_ddp.yaml", "-m", "stages.train"], repo)
     reference = load_file(repo / ADAPTER)
-    done = killed_training(repo, at_step=4, accelerate_config="cpu_ddp")
+    done, _ = killed_training(repo, at_step=4, accelerate_config="cpu_ddp")
     written = json.loads((complete_checkpoints(repo)[-1] / MANIFEST).read_text())["files"]
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= written.keys(), "the manifest waits for every process's files"
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
@@ -233,28 +242,6 @@ def test_two_processes_resume_after_a_kill(short_repo):
     metrics = json.loads((repo / "metrics/train.json").read_text())
     assert metrics["world_size"] == 2 and run_facts(repo)["resumed_from_step"] == done and metrics["steps"] == STEPS
     assert_same_adapter(repo, reference)
-
-
-def test_a_damaged_checkpoint_is_set_aside_and_the_one_before_resumed(short_repo):
-    """The newest checkpoint's adapter and optimizer state cut off halfway, as a full disk or a lost node leaves
-    them: the next run sets it aside with one line, resumes from the one before and ends as an uninterrupted run.
-    A stop by SIGTERM saves one more checkpoint after checkpoint 4, so there is always one before."""
-    repo, reference, _ = short_repo
-    forget_training(repo)
-    stopped_training(repo)
-    *_, before, newest = complete_checkpoints(repo)
-    for name in ("adapter_model.safetensors", "optimizer.pt"):
-        path = newest / name
-        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
-    set_aside = [line for line in output.splitlines() if line.startswith(f"{newest.name} set aside in ")]
-    assert len(set_aside) == 1 and "adapter_model.safetensors is " in set_aside[0], output[-3000:]
-    assert f"resuming from {before.relative_to(repo)}" in output
-    assert run_facts(repo)["resumed_from_step"] == int(before.name.split("-")[1])
-    assert json.loads((repo / "metrics/train.json").read_text())["steps"] == STEPS
-    assert_same_adapter(repo, reference)
-    damaged = newest.parent / DAMAGED / newest.name
-    assert (damaged / "optimizer.pt").is_file() and not checkpoints(repo), "kept aside; the finished run's removed"
 
 
 def test_a_checkpoint_of_other_params_is_not_resumed(short_repo):
