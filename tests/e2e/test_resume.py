@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import re
 
@@ -51,9 +52,14 @@ def checkpoints(repo):
     return sorted(folder.glob(f"train-*/checkpoint-*/{MANIFEST}")) if folder.is_dir() else []
 
 
+def step_of(checkpoint: Path) -> int:
+    """The optimizer step a checkpoint folder (checkpoint-<step>) holds."""
+    return int(checkpoint.name.split("-")[1])
+
+
 def complete_checkpoints(repo) -> list:
     """The complete checkpoints' folders, oldest step first."""
-    return sorted((p.parent for p in checkpoints(repo)), key=lambda folder: int(folder.name.split("-")[1]))
+    return sorted((p.parent for p in checkpoints(repo)), key=step_of)
 
 
 def start_training(repo, accelerate_config="cpu"):
@@ -66,7 +72,7 @@ def start_training(repo, accelerate_config="cpu"):
 
 def wait_for_checkpoint_step(proc, repo, step):
     """Poll until a complete checkpoint at `step` or beyond exists; fail if training ends first."""
-    while not any(int(p.parent.name.split("-")[1]) >= step for p in checkpoints(repo)):
+    while not any(step_of(p.parent) >= step for p in checkpoints(repo)):
         if proc.poll() is not None:
             pytest.fail(f"training ended before checkpoint {step}:\n{proc.stdout.read()[-3000:]}")
         time.sleep(0.2)
@@ -96,7 +102,7 @@ def killed_training(repo, at_step, accelerate_config="cpu") -> tuple[int, str]:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     psutil.wait_procs(training)
-    return max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo)), proc.stdout.read()
+    return step_of(complete_checkpoints(repo)[-1]), proc.stdout.read()
 
 
 def assert_same_adapter(repo, reference):
@@ -129,7 +135,7 @@ def test_sigterm_to_the_worker_loses_no_step_and_a_damaged_newest_checkpoint_is_
     stopped_at = int(output.split("train stopped by SIGTERM (signal 15) at step ")[1].split(";")[0])
     assert stopped_at < STEPS
     *_, before, newest = complete_checkpoints(repo)
-    assert int(newest.name.split("-")[1]) == stopped_at, "the step the worker stopped at is checkpointed"
+    assert step_of(newest) == stopped_at, "the step the worker stopped at is checkpointed"
     assert f"; kept: checkpoint {newest.relative_to(repo)} (step {stopped_at}); `dvc repro` resumes from it" in output
     assert output.count(" stopped by ") == 1 and "Traceback" not in output, output[-3000:]
 
@@ -140,7 +146,7 @@ def test_sigterm_to_the_worker_loses_no_step_and_a_damaged_newest_checkpoint_is_
     set_aside = [line for line in output.splitlines() if line.startswith(f"{newest.name} set aside in ")]
     assert len(set_aside) == 1 and "adapter_model.safetensors is " in set_aside[0], output[-3000:]
     assert f"resuming from {before.relative_to(repo)}" in output
-    assert run_facts(repo)["resumed_from_step"] == int(before.name.split("-")[1])
+    assert run_facts(repo)["resumed_from_step"] == step_of(before)
     assert json.loads((repo / "metrics/train.json").read_text())["steps"] == STEPS
     assert_same_adapter(repo, reference)
     damaged = newest.parent / DAMAGED / newest.name
@@ -159,7 +165,7 @@ def test_sigterm_to_dvc_alone_stops_the_orphaned_training_with_a_checkpoint(shor
     assert "train stopped by SIGTERM (signal 15) at step " in output, output[-3000:]
     stopped_at = int(output.split("train stopped by SIGTERM (signal 15) at step ")[1].split(";")[0])
     assert stopped_at < STEPS
-    assert max(int(p.parent.name.split("-")[1]) for p in checkpoints(repo)) == stopped_at
+    assert step_of(complete_checkpoints(repo)[-1]) == stopped_at
     run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert run_facts(repo)["resumed_from_step"] == stopped_at
     assert_same_adapter(repo, reference)
@@ -167,8 +173,8 @@ def test_sigterm_to_dvc_alone_stops_the_orphaned_training_with_a_checkpoint(shor
 
 def test_sigkill_of_the_training_process_ends_in_one_line_and_of_everything_resumes(short_repo):
     """The worker killed (the OOM killer's way): no chance to save, so the last complete checkpoint is kept; the
-    launcher says so in one line, with no traceback, and `dvc repro` resumes from it. That run killed whole (DVC, the
-    launcher and the worker, as a lost machine): the next resumes from its last checkpoint and ends where an
+    launcher says so in one line, with no traceback, and `dvc repro` resumes from it. The resumed run killed whole (DVC,
+    the launcher and the worker, as a lost machine): the next resumes from its last checkpoint and ends where an
     uninterrupted run ends, leaving no checkpoint behind."""
     repo, reference, reference_metrics = short_repo
     forget_training(repo)
@@ -179,7 +185,7 @@ def test_sigkill_of_the_training_process_ends_in_one_line_and_of_everything_resu
     output, _ = proc.communicate()
     assert proc.returncode != 0
     kept = complete_checkpoints(repo)[-1]
-    step = int(kept.name.split("-")[1])
+    step = step_of(kept)
     line = (f"train stopped by SIGKILL (signal 9); kept: checkpoint {kept.relative_to(repo)} (step {step}); "
             "`dvc repro` resumes from it")
     assert [text for text in output.splitlines() if " stopped by " in text] == [line], output[-3000:]
