@@ -15,7 +15,7 @@ import psutil
 import pytest
 from safetensors.torch import load, load_file
 
-from conftest import SHORT_RUN, run, run_env, set_params
+from conftest import SHORT_RUN, edited_params, run, run_env, set_params
 from lora_pipeline.launch.checkpoints import DAMAGED, MANIFEST
 
 ADAPTER = "models/adapter/adapter_model.safetensors"
@@ -153,9 +153,10 @@ def test_sigterm_to_the_worker_loses_no_step_and_a_damaged_newest_checkpoint_is_
     assert (damaged / "optimizer.pt").is_file() and not checkpoints(repo), "kept aside; the finished run's removed"
 
 
-def test_sigterm_to_dvc_alone_stops_the_orphaned_training_with_a_checkpoint(short_repo):
+def test_sigterm_to_dvc_alone_stops_the_orphaned_training_and_only_its_own_params_resume_it(short_repo):
     """DVC exits on SIGTERM without stopping the stage's launcher; the worker notices at its next step, saves a
-    checkpoint and stops, instead of training on unrecorded; the next run resumes there."""
+    checkpoint and stops, instead of training on unrecorded. A training of other params then starts afresh and keeps
+    that checkpoint for its run; back at the stopped run's params, the next run resumes there."""
     repo, reference, _ = short_repo
     forget_training(repo)
     proc = start_training(repo)
@@ -166,6 +167,14 @@ def test_sigterm_to_dvc_alone_stops_the_orphaned_training_with_a_checkpoint(shor
     stopped_at = int(output.split("train stopped by SIGTERM (signal 15) at step ")[1].split(";")[0])
     assert stopped_at < STEPS
     assert step_of(complete_checkpoints(repo)[-1]) == stopped_at
+
+    kept = checkpoints(repo)[0].parents[1].name
+    with edited_params(repo, **{"lora.r": 4, "train.sft.max_steps": 8}):  # other params: a fresh run, a short one
+        output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
+    assert "resuming from" not in output
+    assert (repo / "checkpoints" / kept).is_dir(), "the other run's checkpoint is kept for that run"
+    assert run_facts(repo)["resumed_from_step"] == 0
+
     run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert run_facts(repo)["resumed_from_step"] == stopped_at
     assert_same_adapter(repo, reference)
@@ -248,18 +257,6 @@ def test_two_processes_resume_after_a_kill(short_repo):
     metrics = json.loads((repo / "metrics/train.json").read_text())
     assert metrics["world_size"] == 2 and run_facts(repo)["resumed_from_step"] == done and metrics["steps"] == STEPS
     assert_same_adapter(repo, reference)
-
-
-def test_a_checkpoint_of_other_params_is_not_resumed(short_repo):
-    repo, _, _ = short_repo
-    forget_training(repo)
-    killed_training(repo, at_step=4)
-    stale = checkpoints(repo)[0].parents[1].name
-    set_params(repo, **{"lora.r": 4, "train.sft.max_steps": 8})  # other params: a fresh run, a short one
-    output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
-    assert "resuming from" not in output
-    assert (repo / "checkpoints" / stale).is_dir(), "the other run's checkpoint is kept for that run"
-    assert run_facts(repo)["resumed_from_step"] == 0
 
 
 def test_a_second_training_of_the_same_run_is_refused(tmp_path):
