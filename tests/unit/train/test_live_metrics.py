@@ -14,8 +14,9 @@ from conftest import run, run_env, set_params
 from helpers import free_port, start_server, stop
 
 STEPS = 16
-SHORT = {"train.accelerate_config": "cpu_ddp", "train.sft.max_steps": STEPS, "train.sft.logging_steps": 1,
-         "train.checkpoint_steps": 0, "train.liger": True}
+# Batches of 8 rows a process: what is checked does not depend on the batch.
+SHORT = {"train.accelerate_config": "cpu_ddp", "train.sft.max_steps": STEPS, "train.sft.per_device_train_batch_size": 8,
+         "train.sft.logging_steps": 1, "train.checkpoint_steps": 0, "train.liger": True}
 # A dead server is found dead at once; the stage's defaults give it about 30 s per attempt.
 NO_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 
