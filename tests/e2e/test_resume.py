@@ -3,13 +3,12 @@ uninterrupted run ends; a checkpoint of other params is never resumed. A stage s
 line, no traceback: the stage, the signal, the checkpoint kept and the way on."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
-
-import re
 
 import psutil
 import pytest
@@ -20,6 +19,7 @@ from lora_pipeline.launch.checkpoints import DAMAGED, MANIFEST
 
 ADAPTER = "models/adapter/adapter_model.safetensors"
 STEPS = SHORT_RUN["train.sft.max_steps"]
+SIGTERM_STOP = "train stopped by SIGTERM (signal 15) at step "
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +112,12 @@ def assert_same_adapter(repo, reference):
     assert worst < 1e-4, f"resumed adapter differs from the uninterrupted one by {worst:.3g} (relative)"
 
 
+def sigterm_step(output: str) -> int:
+    """The step a SIGTERM stopped the training at, read from its one line; fails the test without that line."""
+    assert SIGTERM_STOP in output, output[-3000:]
+    return int(output.split(SIGTERM_STOP)[1].split(";")[0])
+
+
 def stopped_training(repo):
     """Start training, SIGTERM the worker once checkpoint 4 is complete; its output and return code."""
     proc = start_training(repo)
@@ -132,7 +138,7 @@ def test_sigterm_to_the_worker_loses_no_step_and_a_damaged_newest_checkpoint_is_
     forget_training(repo)
     output, returncode = stopped_training(repo)
     assert returncode != 0, "an interrupted training must not count as done"
-    stopped_at = int(output.split("train stopped by SIGTERM (signal 15) at step ")[1].split(";")[0])
+    stopped_at = sigterm_step(output)
     assert stopped_at < STEPS
     *_, before, newest = complete_checkpoints(repo)
     assert step_of(newest) == stopped_at, "the step the worker stopped at is checkpointed"
@@ -163,8 +169,7 @@ def test_sigterm_to_dvc_alone_stops_the_orphaned_training_and_only_its_own_param
     wait_for_checkpoint_step(proc, repo, 4)
     proc.send_signal(signal.SIGTERM)  # DVC alone, not its process group
     output, _ = proc.communicate()  # returns once DVC and the workers, which share its output, have exited
-    assert "train stopped by SIGTERM (signal 15) at step " in output, output[-3000:]
-    stopped_at = int(output.split("train stopped by SIGTERM (signal 15) at step ")[1].split(";")[0])
+    stopped_at = sigterm_step(output)
     assert stopped_at < STEPS
     assert step_of(complete_checkpoints(repo)[-1]) == stopped_at
 
