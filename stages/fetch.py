@@ -3,8 +3,9 @@
     python -m stages.fetch
 Rows of any format that lora_pipeline/data/formats.py reads (data.format, or the one detected from the first row, which
 metrics/data.json records) are written as messages rows. A bad row stops the stage with one line naming the file, row
-and field (data.bad_rows: fail), or is dropped and counted per reason (drop). A Hub that is offline or unreachable
-stops it with one line naming the id and revision.
+and field (data.bad_rows: fail), or is dropped and counted per reason (drop); an exact duplicate is dropped and counted
+(data.duplicates: drop) or stops it (fail). Image, audio or video data, and a Hub that is offline or unreachable,
+stop it with one line naming the row and field, or the id and revision.
 Both outputs are written to staging folders and moved into place only once both are complete, so a failure never
 leaves half a download (or new data beside an old model) where the outputs were; they are `persist` in dvc.yaml, so
 under `dvc repro` too a failed fetch leaves them, and metrics/data.json, as they were.

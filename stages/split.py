@@ -10,7 +10,7 @@ from pathlib import Path
 from lora_pipeline.config.outputs import read_jsonl, write_json, write_jsonl
 from lora_pipeline.config.params import load_params
 from lora_pipeline.data.rows import DataError
-from lora_pipeline.data.splitting import remove_test_prompts, split_problem, split_rows
+from lora_pipeline.data.splitting import remove_test_prompts, split_problem, split_rows, too_few_rows
 
 RAW, OUT, METRICS = Path("data/raw/data.jsonl"), Path("data/split"), Path("metrics/split.json")
 KEPT = f"{OUT} and {METRICS} are as they were"
@@ -19,6 +19,9 @@ KEPT = f"{OUT} and {METRICS} are as they were"
 def main():
     params = load_params("split")
     rows = read_jsonl(RAW)
+    if few := too_few_rows(len(rows), params.split.test_size):  # no split.test_size can help: more rows can
+        sys.exit(f"split: data: {len(rows)} rows fetched into {RAW} (see metrics/data.json for those dropped); {few}: "
+                 f"add rows; {KEPT}")
     if problem := split_problem(len(rows), params.split.test_size, f"{len(rows)} fetched into {RAW}"):
         sys.exit(f"split: {problem}; {KEPT}")
     train, test = split_rows(rows, params.split.test_size, params.split.seed)

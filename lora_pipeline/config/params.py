@@ -107,6 +107,7 @@ class Data(_Section):
     builtin_seed: int
     max_rows: int = Field(ge=0)
     bad_rows: Literal["drop", "fail"]
+    duplicates: Literal["drop", "fail"]
     max_chars: int = Field(ge=0)
 
     @model_validator(mode="after")
@@ -208,6 +209,7 @@ class Slurm(_Section):
     partition: str
     account: str
     time: str
+    save_before_limit: int = Field(ge=0)
     gpus_per_node: int = Field(ge=0)
     cpus_per_task: int = Field(ge=0)
 

@@ -25,6 +25,14 @@ PAIRED, UNPAIRED = ("chosen", "rejected"), "label"
 # Rows that are not bad but are no target either: counted in metrics/data.json, never a reason to stop
 NOT_TARGETS = {"label_false"}
 JSON_TEXT_FIELDS = ("messages", "conversations")  # lists that csv cells and some Hub sets hold as JSON text
+# Image, audio and video data: LLaMA-Factory's columns and the placeholders its text holds, the OpenAI API's parts
+MEDIA_COLUMNS = ("images", "videos", "audios")
+MEDIA_PARTS = ("image_url", "image", "input_image", "input_audio", "audio", "video", "video_url", "file", "input_file")
+MEDIA_PLACEHOLDER = re.compile(r"<(image|video|audio)>")
+MEDIA = "media"  # the reason of a Problem that refuses the whole data set, not just the row
+MAX_DEPTH = 100  # lists and objects nested deeper are no conversation, and deeper than Python's json writes back
+TOO_DEEP = Problem("not_a_conversation", f"row: lists and objects nested more than {MAX_DEPTH} levels deep")
+TEXT_ONLY = "the pipeline trains text models, not image, audio or video ones: give it rows of text alone"
 # A problem that rows.row_problem names by the converted messages: messages, messages[i], messages[i].key
 _MESSAGES_FIELD = re.compile(r"^messages(?:\[(\d+)\])?(?:\.(\w+))?(?=: |\[)")
 
@@ -108,6 +116,10 @@ class Converter:
         its messages to the source's fields). text_cells: a csv/tsv row, whose prompt/completion may be JSON text."""
         if not isinstance(row, dict):  # not an object, or a Problem met reading it: a bad row either way
             return row, None
+        if _too_deep(row):
+            return TOO_DEEP, None
+        if refusal := media_refusal(row):
+            raise FormatError(refusal)
         label = None
         if fields := preference_fields(row):
             if self.preference == "refuse":
@@ -124,11 +136,19 @@ class Converter:
             self.format, self.first = matches[0], number
         elif self.format not in matches and matches:
             raise FormatError(f"a {self.describe(matches[0])} row {self._of_what()}")
-        converted, rename = getattr(self, f"_{self.format}")(row, text_cells)
+        try:
+            converted, rename = getattr(self, f"_{self.format}")(row, text_cells)
+        except RecursionError:  # JSON text in a cell nested deeper than Python's json reads
+            return TOO_DEEP, None
+        if isinstance(converted, dict) and _too_deep(converted):  # JSON text in a cell, parsed
+            return TOO_DEEP, None
         if isinstance(converted, dict) and "messages" in converted:
             problem = _normalize(converted)
             if problem:
-                return problem._replace(detail=rename(problem.detail)) if rename else problem, None
+                problem = problem._replace(detail=rename(problem.detail)) if rename else problem
+                if problem.reason == MEDIA:
+                    raise FormatError(problem.detail)
+                return problem, None
         if label is not None and not isinstance(converted, Problem):
             if not isinstance(label, bool):
                 return Problem("not_a_conversation", f"{UNPAIRED}: must be true or false, got {label!r:.40}"), None
@@ -204,7 +224,7 @@ class Converter:
             if not isinstance(turn, dict):
                 return Problem("bad_message", f"{column}[{i}]: must be an object with from and value, got "
                                               f"{type(turn).__name__}"), None
-            if turn.get("from") not in SHAREGPT_ROLES:
+            if not isinstance(turn.get("from"), str) or turn["from"] not in SHAREGPT_ROLES:
                 return Problem("unknown_role", f"{column}[{i}].from: {turn.get('from')!r} is not one of "
                                                f"{tuple(SHAREGPT_ROLES)}"), None
             if turn["from"] == "function_call":
@@ -372,9 +392,68 @@ def tool_schemas(value) -> list[dict] | str:
     return wrapped
 
 
+def media_refusal(row: dict) -> str | None:
+    """Where a row as read holds image, audio or video data (a media column, a media content part, an <image>-style
+    placeholder in its text) and why that refuses the data set; None for a row of text."""
+    for column in MEDIA_COLUMNS:
+        if row.get(column) not in (None, "", []):
+            return f"{column}: a column of {column[:-1]} data; {TEXT_ONLY}"
+    stack = [(value, str(key)) for key, value in reversed(row.items())]  # a stack, not recursion: any depth is read
+    while stack:
+        value, field = stack.pop()
+        if isinstance(value, str):
+            if found := MEDIA_PLACEHOLDER.search(value):
+                return f"{field}: holds the placeholder <{found[1]}>, where {found[1]} data goes; {TEXT_ONLY}"
+        elif isinstance(value, dict):
+            if isinstance(value.get("type"), str) and value["type"] in MEDIA_PARTS:
+                return f"{field}: a content part of type '{value['type']}'; {TEXT_ONLY}"
+            stack += [(v, f"{field}.{k}") for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(v, f"{field}[{j}]") for j, v in reversed(list(enumerate(value)))]
+    return None
+
+
+def _too_deep(row: dict) -> bool:
+    stack = [(row, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if isinstance(value, (dict, list)):
+            stack += [(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value)]
+    return False
+
+
+def _text_parts(content: list, field: str) -> str | Problem:
+    """Content given as a list of parts: the text parts joined by a newline ({type: text, text} as the OpenAI API and
+    TRL write them, {type: text, value} as LLaMA-Factory's v1 files do); a Problem naming the first other part."""
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            return Problem("non_text_content", f"{field}[{j}]: must be a {{type, text}} part, got "
+                                               f"{type(part).__name__}")
+        kind = part.get("type", "text")
+        if kind == "text":
+            key = "text" if "text" in part or "value" not in part else "value"
+            if isinstance(part.get(key), str):
+                texts.append(part[key])
+                continue
+            if key not in part:
+                return Problem("non_string_content", f"{field}[{j}].text: missing (a text part holds its text under "
+                                                     "'text', or 'value')")
+            return Problem("non_string_content", f"{field}[{j}].{key}: must be a string, got "
+                                                 f"{type(part[key]).__name__}")
+        if isinstance(kind, str) and kind in MEDIA_PARTS:
+            return Problem(MEDIA, f"{field}[{j}]: a content part of type '{kind}'; {TEXT_ONLY}")
+        return Problem("non_text_content", f"{field}[{j}].type: {kind!r:.40} is not a text part; only text parts are "
+                                           "read")
+    return "\n".join(texts)
+
+
 def _normalize(row: dict) -> Problem | None:
-    """A messages row in place as the chat templates take it: content given as a list of text parts joined, each
-    assistant tool call as {type: function, function: {name, arguments}} with its arguments as JSON text."""
+    """A messages row in place as the chat templates take it: content given as a list of text parts joined, a calling
+    turn without content given a null one, each assistant tool call as {type: function, function: {name, arguments}}
+    with its arguments as JSON text (and its id, if it has one), a weight 0 or 1 as an int (a null one left out)."""
     messages = row.get("messages")
     if not isinstance(messages, list):
         return None
@@ -383,17 +462,19 @@ def _normalize(row: dict) -> Problem | None:
             continue
         content = message.get("content")
         if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"),
-                                                                                                 str):
-                    texts.append(part["text"])
-                else:
-                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    return Problem("non_text_content", f"messages[{i}].content: part {j} is {kind!r}; only text "
-                                                       "parts are read")
-            message["content"] = "\n".join(texts)
+            content = _text_parts(content, f"messages[{i}].content")
+            if isinstance(content, Problem):
+                return content
+            message["content"] = content
+        if "weight" in message:
+            weight = message["weight"]
+            if weight is None:  # Arrow gives every message every key: null is no weight
+                del message["weight"]
+            elif not isinstance(weight, bool) and weight in (0, 1):
+                message["weight"] = int(weight)
         calls = message.get("tool_calls")
+        if calls is not None and "content" not in message:  # TRL's and OpenAI's calling turns have no content key
+            messages[i] = message = {**{k: v for k, v in message.items() if k == "role"}, "content": None, **message}
         if calls is None:
             message.pop("tool_calls", None)
             continue

@@ -1,5 +1,5 @@
-"""Local data files: where they live and which suffixes are read (check_data, which validate and fetch apply), and
-how many rows one holds before any is read (local_rows, validate's bound on the split)."""
+"""Local data files: where they live and which suffixes are read (check_data, which validate and fetch apply), how
+many rows one holds before any is read (local_rows, validate's bound on the split), and whether it is text alone."""
 from __future__ import annotations
 
 import csv
@@ -8,9 +8,10 @@ import json
 import os
 from pathlib import Path
 
-from lora_pipeline.data.formats import json_rows
+from lora_pipeline.data.formats import json_rows, media_refusal
 
-LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv"}
+LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".tsv": "csv",
+                 ".txt": "text"}
 LOCAL_DIR = Path("data/local")  # local data files live here: the folder is a dependency of fetch
 
 
@@ -30,6 +31,20 @@ def check_data(data) -> None:
             raise FileNotFoundError(f"data.name: local data file {path} does not exist")
         if path.suffix not in LOCAL_FORMATS:
             raise ValueError(f"data.name: {path} has suffix '{path.suffix}'; supported: {sorted(LOCAL_FORMATS)}")
+
+
+def check_text_only(data) -> None:
+    """A local data file holding image, audio or video data is refused by validate, naming the row and the field
+    (fetch refuses it too, and a Hub data set's); a file check_data refuses is left to its message."""
+    if data.source != "local":
+        return
+    try:
+        check_data(data)
+    except (ValueError, OSError):
+        return
+    for number, row in enumerate(local_objects(Path(data.name)) or [], 1):
+        if isinstance(row, dict) and (refusal := media_refusal(row)):
+            raise ValueError(f"data.name: {data.name} row {number}: {refusal}")
 
 
 def local_rows(path: Path) -> int | None:
@@ -55,6 +70,8 @@ def local_objects(path: Path) -> list | None:
 
             return pq.read_table(path).to_pylist()
         text = path.read_bytes().decode("utf-8-sig")
+        if path.suffix == ".txt":
+            return [{"text": line} for _, line in text_lines(text)]
         if path.suffix in (".csv", ".tsv"):
             table = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix == ".tsv" else ","))
             return [dict(zip(table[0], cells)) for cells in table[1:] if cells]
@@ -67,6 +84,11 @@ def local_objects(path: Path) -> list | None:
         return [_json_or_none(line) for line in text.split("\n") if line.strip()]
     except Exception:  # not UTF-8, not JSON, a damaged Parquet file, a csv error: fetch's to report
         return None
+
+
+def text_lines(text: str) -> list[tuple[int, str]]:
+    """A .txt file's rows: (its 1-based line number, the line) for each line that is not blank, one document a line."""
+    return [(number, line.removesuffix("\r")) for number, line in enumerate(text.split("\n"), 1) if line.strip()]
 
 
 def _json_or_none(line: str):

@@ -37,7 +37,8 @@ def row_problem(row) -> Problem | None:
     roles = [m["role"] for m in messages]
     if "assistant" not in roles:
         return Problem("no_assistant_turn", f"messages: no assistant turn to learn from (roles {roles})")
-    return _order_problem(roles, [bool(m.get("tool_calls")) for m in messages]) or _empty_problem(messages)
+    return (_order_problem(roles, [bool(m.get("tool_calls")) for m in messages]) or _empty_problem(messages)
+            or _weight_problem(messages))
 
 
 def _message_problem(message, field: str) -> Problem | None:
@@ -52,7 +53,14 @@ def _message_problem(message, field: str) -> Problem | None:
         value = message.get(key)
         if not isinstance(value, allowed):
             expected = "a string" if key == "content" else "a string or null"
+            if key not in message:
+                return Problem("non_string_content", f"{field}.{key}: missing (must be {expected})")
             return Problem("non_string_content", f"{field}.{key}: must be {expected}, got {type(value).__name__}")
+    weight = message.get("weight")
+    if weight is not None and (message["role"] != "assistant" or weight not in (0, 1) or isinstance(weight, bool)):
+        where = "" if message["role"] == "assistant" else f" on a '{message['role']}' turn"
+        return Problem("bad_weight", f"{field}.weight: {weight!r:.40}{where}; a weight is 0 (not trained) or 1, on "
+                                     "an assistant turn only")
     return None
 
 
@@ -98,11 +106,18 @@ def _empty_problem(messages: list[dict]) -> Problem | None:
     return None
 
 
+def _weight_problem(messages: list[dict]) -> Problem | None:
+    """A row whose every assistant turn has weight 0 (OpenAI's "do not train on this turn") has nothing to train."""
+    if all(m.get("weight") == 0 for m in messages if m["role"] == "assistant"):
+        return Problem("no_trained_turn", "messages: every assistant turn has weight 0, so no turn is left to train")
+    return None
+
+
 def conversation_chars(row: dict) -> int:
     """Characters of text in a usable row: every message's content, reasoning and tool calls (a text row's text)."""
     if "messages" not in row:
         return len(row["text"])
-    return sum(len(m["content"] or "") + len(m.get("thinking") or "")
+    return sum(len(m.get("content") or "") + len(m.get("thinking") or "")
                + sum(len(json.dumps(call)) for call in m.get("tool_calls") or []) for m in row["messages"])
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lora_pipeline.data.formats import Converter, FormatError, NOT_TARGETS, Rename, check_format, json_rows
-from lora_pipeline.data.local import check_data
+from lora_pipeline.data.local import check_data, text_lines
 from lora_pipeline.data.rows import DataError, Problem, conversation_chars, row_key, row_problem
 
 
@@ -32,7 +32,8 @@ def load_data(data_params) -> tuple[list[dict], dict, str]:
     label, source_rows, data_format = read_source(data_params)
     if data_params.max_rows:
         source_rows = source_rows[: data_params.max_rows]
-    return (*clean_rows(source_rows, label, data_params.bad_rows, data_params.max_chars), data_format)
+    return (*clean_rows(source_rows, label, data_params.bad_rows, data_params.max_chars, data_params.duplicates),
+            data_format)
 
 
 def read_source(data_params) -> tuple[str, list[SourceRow], str]:
@@ -72,14 +73,18 @@ def read_source(data_params) -> tuple[str, list[SourceRow], str]:
 
 
 def read_local(path: Path, label: str, converter: Converter | None = None) -> list[SourceRow]:
-    """Rows of a .jsonl/.json/.parquet/.csv/.tsv file as messages rows (of any format with the default converter);
-    a file that cannot be read at all, or whose rows are of no or of several formats, raises DataError."""
+    """Rows of a .jsonl/.json/.parquet/.csv/.tsv file as messages rows (of any format with the default converter), of
+    a .txt file as text rows (one a line); a file that cannot be read at all, or whose rows are of no or of several
+    formats, raises DataError."""
     converter = converter or Converter("auto", {})
     if path.suffix == ".parquet":
         rows = [SourceRow(i, row) for i, row in enumerate(_parquet_rows(path, label, converter), 1)]
     else:
         text = _utf8_text(path, label)
-        if path.suffix in (".csv", ".tsv"):
+        if path.suffix == ".txt":
+            rows = [SourceRow(i, {"text": line}, line_no)
+                    for i, (line_no, line) in enumerate(text_lines(text), 1)]
+        elif path.suffix in (".csv", ".tsv"):
             rows = _csv_rows(text, label, "\t" if path.suffix == ".tsv" else ",", converter)
         else:
             whole = _json_rows(text, label) if path.suffix == ".json" and text.lstrip()[:1] in ("[", "{") else None
@@ -122,6 +127,8 @@ def _json_lines_rows(text: str) -> list[SourceRow]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             row = Problem("invalid_json", f"line {line_no}: not valid JSON ({exc.msg} at column {exc.colno})")
+        except RecursionError:
+            row = Problem("invalid_json", f"line {line_no}: JSON nested too deeply to read")
         rows.append(SourceRow(len(rows) + 1, row, line_no))
     return rows
 
@@ -135,6 +142,8 @@ def _json_rows(text: str, label: str) -> list[SourceRow] | None:
         if text.lstrip().startswith("{") and exc.msg == "Extra data":  # an object a line: JSON Lines
             return None
         raise DataError(f"{label} line {exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise DataError(f"{label}: JSON nested too deeply to read") from None
     return [SourceRow(i, row) for i, row in enumerate(json_rows(value), 1)]
 
 
@@ -169,19 +178,30 @@ def _parquet_rows(path: Path, label: str, converter: Converter) -> list[dict]:
     return table.to_pylist()
 
 
-def clean_rows(source_rows: list[SourceRow], label: str, bad_rows: str, max_chars: int) -> tuple[list[dict], dict]:
-    """Usable rows, first copies only; a bad row raises DataError (bad_rows 'fail') or is dropped and counted."""
+def clean_rows(source_rows: list[SourceRow], label: str, bad_rows: str, max_chars: int,
+               duplicates: str = "drop") -> tuple[list[dict], dict]:
+    """Usable rows, first copies only; a bad row raises DataError (bad_rows 'fail') or is dropped and counted, and so
+    is an exact duplicate, as `duplicates` says."""
     kept, dropped, first_seen = [], Counter(), {}
+    untrained = None  # bad_rows fail: the first row with no turn to train, raised unless no row has one
     for source_row in source_rows:
         problem = _problem(source_row, max_chars, first_seen)
         if problem and source_row.rename:
             problem = problem._replace(detail=source_row.rename(problem.detail))
         if problem is None:
             kept.append(source_row.row)
-        elif bad_rows == "fail" and problem.reason not in NOT_TARGETS:
-            raise DataError(f"{source_row.where(label)}: {problem.detail}; {way_on(problem.reason)}")
-        else:
+        elif problem.reason in NOT_TARGETS or (duplicates if problem.reason == "duplicate" else bad_rows) == "drop":
             dropped[problem.reason] += 1
+        elif problem.reason == "no_trained_turn":  # a file of such rows alone is refused as a whole, below
+            untrained = untrained or f"{source_row.where(label)}: {problem.detail}; {way_on(problem.reason)}"
+            dropped[problem.reason] += 1
+        else:
+            raise DataError(untrained or f"{source_row.where(label)}: {problem.detail}; {way_on(problem.reason)}")
+    if not kept and set(dropped) == {"no_trained_turn"}:
+        raise DataError(f"{label}: no row has a turn left to train: every assistant turn of its {len(source_rows)} "
+                        "rows has weight 0; weight 1 (or no weight) on an assistant turn trains it")
+    if untrained:
+        raise DataError(untrained)
     if not kept:
         filters = ", ".join(f"{reason} ({n})" for reason, n in dropped.most_common())
         limit = (f" (data.max_chars {max_chars}); raise data.max_chars (0: no limit) or fix the rows"
@@ -195,7 +215,11 @@ def way_on(reason: str) -> str:
     drop = "data.bad_rows: drop drops and counts such rows"
     if reason == "too_long":
         return f"raise data.max_chars (0: no limit), or {drop}"
-    return f"{'remove' if reason == 'duplicate' else 'fix'} the row, or {drop}"
+    if reason == "duplicate":
+        return "remove the row, or data.duplicates: drop drops and counts such rows"
+    if reason == "no_trained_turn":
+        return f"give an assistant turn weight 1 (or none), or {drop}"
+    return f"fix the row, or {drop}"
 
 
 def _problem(source_row: SourceRow, max_chars: int, first_seen: dict) -> Problem | None:

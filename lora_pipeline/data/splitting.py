@@ -21,13 +21,13 @@ def split_rows(rows: list[dict], test_size: float, seed: int) -> tuple[list[dict
 
 
 def prompt_key(row: dict) -> str:
-    """What a model is asked in a row: every message before its last assistant turn, as canonical JSON (a text row:
-    its text)."""
+    """What a model is asked in a row: every message before its last assistant turn, as canonical JSON, whatever
+    weight (trained or not) an earlier answer has (a text row: its text)."""
     if "messages" not in row:
         return row_key(row)
     messages = row["messages"]
     last_assistant = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    return messages_key(messages[:last_assistant])
+    return messages_key([{k: v for k, v in m.items() if k != "weight"} for m in messages[:last_assistant]])
 
 
 def remove_test_prompts(train: list[dict], test: list[dict]) -> tuple[list[dict], int]:
@@ -46,6 +46,30 @@ MIN_TEST_ROWS = 2
 
 def held_out(rows: int, test_size: float) -> int:
     return round(rows * test_size) if test_size < 1 else int(test_size)
+
+
+def rows_needed(test_size: float) -> int | None:
+    """The fewest rows that split_problem accepts at this test_size; None where no row count is enough."""
+    if test_size >= 1:
+        return int(test_size) + 1 if int(test_size) >= MIN_TEST_ROWS else None
+    # round(rows * test_size) reaches MIN_TEST_ROWS, and leaves one row to train, from about these on; both only grow
+    estimate = max((MIN_TEST_ROWS - 0.5) / test_size, 0.5 / (1 - test_size))
+    if estimate > 1e15:
+        return None
+    for rows in range(max(MIN_TEST_ROWS + 1, int(estimate) - 2), int(estimate) + 10):
+        if not split_problem(rows, test_size):
+            return rows
+    return None
+
+
+def too_few_rows(rows: int, test_size: float) -> str | None:
+    """Where no split.test_size can split `rows` rows, how many the split needs (and at this test_size); else None."""
+    least = MIN_TEST_ROWS + 1
+    if rows >= least:
+        return None
+    needed = rows_needed(test_size)
+    at = f"; {needed} at split.test_size {test_size:g}" if needed and needed > least else ""
+    return f"the split needs at least {least} rows ({MIN_TEST_ROWS} test rows and one to train{at})"
 
 
 def split_problem(rows: int, test_size: float, of: str = "") -> str | None:

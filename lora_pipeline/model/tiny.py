@@ -26,10 +26,18 @@ FAMILIES = {
                          eos=["<|return|>", "<|end|>"], pad="<|endoftext|>"),
 }
 
+# Bounds on what the tiny BPE trains on, so that no row can stall fetch: training time grows with the square of a
+# word's length. The built-in data never reaches them (texts of at most a few hundred characters, under a million in
+# all; its longest token is 13 characters), so the default's tokenizer is the same with or without them.
+TOKENIZER_TEXT_CHARS = 4_000  # the first characters of each text
+TOKENIZER_CORPUS_CHARS = 8_000_000  # the first characters of all texts together
+TOKEN_CHARS = 64  # the longest token it may build: what pretrain's cut_to_tokens keeps of a text grows with it
 
-def train_tokenizer(texts: list[str], vocab_size: int, family: str, out_dir: Path, tools: bool = False):
-    """Train a byte-level BPE on `texts`, save it with the family's chat template (the one that renders tools, for
-    data that holds them), and load it back."""
+
+def train_tokenizer(texts: list[str], vocab_size: int, family: str, out_dir: Path, tools: bool = False,
+                    max_token_length: int | None = None):
+    """Train a byte-level BPE on `texts` (tokens of at most max_token_length characters), save it with the family's
+    chat template (the one that renders tools, for data that holds them), and load it back."""
     spec = FAMILIES[family]
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -39,7 +47,8 @@ def train_tokenizer(texts: list[str], vocab_size: int, family: str, out_dir: Pat
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=spec["special"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+                                  max_token_length=max_token_length)
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=spec["eos"][0], pad_token=spec["pad"],
                                    unk_token=None, additional_special_tokens=spec["special"])
@@ -180,7 +189,8 @@ def build_tiny(family: str, rows: list[dict], tiny, out_dir: Path) -> list[float
     from transformers import GenerationConfig
 
     out_dir = Path(out_dir)
-    train_tokenizer(tokenizer_corpus(rows), tiny.vocab_size, family, out_dir, tools=uses_tools(rows))
+    train_tokenizer(bounded_corpus(tokenizer_corpus(rows)), tiny.vocab_size, family, out_dir, tools=uses_tools(rows),
+                    max_token_length=TOKEN_CHARS)
     tokenizer = AutoTokenizer.from_pretrained(out_dir)
     model = (tiny_qwen2 if family == "tiny-qwen2" else tiny_gpt_oss)(tokenizer, tiny).float()
     losses = pretrain(model, tokenizer, pretraining_corpus(rows), tiny.pretrain_steps, tiny.seed)
@@ -208,6 +218,17 @@ def tokenizer_corpus(rows: list[dict]) -> list[str]:
         if "text" in row and "messages" not in row:
             texts.append(row["text"])
     return texts
+
+
+def bounded_corpus(texts: list[str]) -> list[str]:
+    """The texts each cut to TOKENIZER_TEXT_CHARS characters, and all of them together to TOKENIZER_CORPUS_CHARS."""
+    bounded, left = [], TOKENIZER_CORPUS_CHARS
+    for text in texts:
+        if left <= 0:
+            break
+        bounded.append(text[:min(TOKENIZER_TEXT_CHARS, left)])
+        left -= len(bounded[-1])
+    return bounded
 
 
 def pretraining_corpus(rows: list[dict]) -> list[str]:

@@ -89,9 +89,10 @@ def test_a_fetch_that_refuses_a_row_keeps_its_outputs_under_dvc_repro(repo):
             and "over data.max_chars 100; raise data.max_chars (0: no limit), or data.bad_rows: drop drops and "
                 "counts such rows; data/raw, models/base and metrics/data.json are as they were" in output), output
     set_params(repo, **{"data.bad_rows": "fail"})
-    output = failed_repro(repo, "fetch")
+    with edited_params(repo, **{"data.duplicates": "fail"}):
+        output = failed_repro(repo, "fetch")
     assert ("fetch: data/local/mydata.jsonl row 21: messages: the same conversation as row 4; remove the row, or "
-            "data.bad_rows: drop drops and counts such rows; data/raw, models/base and metrics/data.json are as they "
+            "data.duplicates: drop drops and counts such rows; data/raw, models/base and metrics/data.json are as they "
             "were") in output, output
     assert contents(repo, FETCHED) == before
 

@@ -38,13 +38,13 @@ def chat(*turns):
 GOOD = [chat(turn("user", f"question {i}"), turn("assistant", f"answer {i}")) for i in range(3)]
 
 
-def local(tmp_path, monkeypatch, name: str, content, bad_rows="fail", max_chars=20000) -> Data:
+def local(tmp_path, monkeypatch, name: str, content, bad_rows="fail", max_chars=20000, duplicates="drop") -> Data:
     """A file under data/local/ in a temporary working directory, and the data params that name it."""
     monkeypatch.chdir(tmp_path)
     path = Path("data/local") / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
-    return data_params(source="local", name=str(path), bad_rows=bad_rows, max_chars=max_chars)
+    return data_params(source="local", name=str(path), bad_rows=bad_rows, max_chars=max_chars, duplicates=duplicates)
 
 
 def jsonl(*rows) -> str:
@@ -70,9 +70,20 @@ BAD_ROWS = {
                               "roles_out_of_order", r"messages\[2\]\.role: the conversation ends with 'user'"),
     "content is a number": (chat(turn("user", "a"), turn("assistant", 7)), "non_string_content",
                             r"messages\[1\]\.content: must be a string, got int"),
-    "content has an image part": (chat(turn("user", [{"type": "image_url", "image_url": {"url": "x"}}]),
-                                       turn("assistant", "b")), "non_text_content",
-                                  r"messages\[0\]\.content: part 0 is 'image_url'; only text parts are read"),
+    "content has a refusal part": (chat(turn("user", "a"), turn("assistant", [{"type": "refusal", "refusal": "no"}])),
+                                   "non_text_content",
+                                   r"messages\[1\]\.content\[0\]\.type: 'refusal' is not a text part; only text parts "
+                                   r"are read"),
+    "text part without text": (chat(turn("user", [{"type": "text"}]), turn("assistant", "b")), "non_string_content",
+                               r"messages\[0\]\.content\[0\]\.text: missing \(a text part holds its text under 'text', "
+                               r"or 'value'\)"),
+    "weight not 0 or 1": (chat(turn("user", "a"), {**turn("assistant", "b"), "weight": 2}), "bad_weight",
+                          r"messages\[1\]\.weight: 2; a weight is 0 \(not trained\) or 1, on an assistant turn only"),
+    "weight on a user turn": (chat({**turn("user", "a"), "weight": 1}, turn("assistant", "b")), "bad_weight",
+                              r"messages\[0\]\.weight: 1 on a 'user' turn; a weight is 0"),
+    "every assistant turn of weight 0": (chat(turn("user", "a"), {**turn("assistant", "b"), "weight": 0}),
+                                         "no_trained_turn", r"messages: every assistant turn has weight 0, so no turn "
+                                                            r"is left to train"),
     "thinking is a number": (chat(turn("user", "a"), turn("assistant", "b", thinking=1)), "non_string_content",
                              r"messages\[1\]\.thinking: must be a string or null, got int"),
     "unknown role": (chat(turn("bot", "a"), turn("assistant", "b")), "unknown_role",
@@ -94,11 +105,13 @@ BAD_ROWS = {
 @pytest.mark.parametrize("kind", BAD_ROWS)
 def test_bad_row_fails_naming_file_row_and_field(tmp_path, monkeypatch, kind):
     bad, _, fragment = BAD_ROWS[kind]
-    data = local(tmp_path, monkeypatch, "mydata.jsonl", jsonl(GOOD[0], GOOD[1], bad, GOOD[2]), max_chars=50)
+    data = local(tmp_path, monkeypatch, "mydata.jsonl", jsonl(GOOD[0], GOOD[1], bad, GOOD[2]), max_chars=50,
+                 duplicates="fail")
     with pytest.raises(DataError, match=rf"^data/local/mydata\.jsonl row 3: {fragment}") as error:
         load_rows(data)
     # the way on: the params that change the outcome
-    assert str(error.value).endswith("data.bad_rows: drop drops and counts such rows")
+    setting = "data.duplicates" if kind == "duplicate" else "data.bad_rows"
+    assert str(error.value).endswith(f"{setting}: drop drops and counts such rows")
     assert ("raise data.max_chars (0: no limit)" in str(error.value)) == (kind == "too long")
 
 
@@ -307,7 +320,7 @@ def test_dropping_accounts_for_every_row(rows, max_chars):
     try:
         kept, counts = clean_rows(source_rows, "rows.jsonl", "drop", max_chars)
     except DataError as exc:
-        assert "no usable rows left" in str(exc)
+        assert "no usable rows left" in str(exc) or "no row has a turn left to train" in str(exc)
         return
     assert counts["rows_in"] == len(source_rows) == counts["rows_kept"] + sum(counts["dropped"].values())
     assert all(row_problem(row) is None for row in kept)
@@ -315,7 +328,9 @@ def test_dropping_accounts_for_every_row(rows, max_chars):
     assert len(set(keys)) == len(keys)
     if counts["dropped"]:
         with pytest.raises(DataError, match=r"^rows\.jsonl row \d+: "):
-            clean_rows(source_rows, "rows.jsonl", "fail", max_chars)
+            clean_rows(source_rows, "rows.jsonl", "fail", max_chars, duplicates="fail")
+    if set(counts["dropped"]) == {"duplicate"}:  # duplicates alone are dropped whatever bad_rows says
+        assert clean_rows(source_rows, "rows.jsonl", "fail", max_chars) == (kept, counts)
 
 
 @FAST

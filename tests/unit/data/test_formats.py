@@ -114,7 +114,7 @@ BAD = {
                                      "roles_out_of_order", r"completion\[1\]\.role: 'assistant' follows 'assistant'"),
     "prompt turn without content": ("prompt_completion_conversational",
                                     {"prompt": [{"role": "user"}], "completion": [msg("assistant", "b")]},
-                                    "non_string_content", r"prompt\[0\]\.content: must be a string, got NoneType"),
+                                    "non_string_content", r"prompt\[0\]\.content: missing \(must be a string\)"),
     "sharegpt unknown from": ("sharegpt", {"conversations": [{"from": "human", "value": "a"},
                                                              {"from": "robot", "value": "b"}]},
                               "unknown_role", r"conversations\[1\]\.from: 'robot' is not one of \('human', 'gpt'"),
@@ -148,12 +148,14 @@ BAD = {
 
 @pytest.mark.parametrize("kind", BAD)
 def test_bad_row_fails_naming_file_row_and_source_field(tmp_path, monkeypatch, kind):
-    case, bad, _, fragment = BAD[kind]
+    case, bad, reason, fragment = BAD[kind]
     rows, _ = good_rows(case)
-    data = local(tmp_path, monkeypatch, "rows.jsonl", jsonl(rows[0], rows[1], bad, rows[2]), max_chars=50)
+    data = local(tmp_path, monkeypatch, "rows.jsonl", jsonl(rows[0], rows[1], bad, rows[2]), max_chars=50,
+                 duplicates="fail")
     with pytest.raises(DataError, match=rf"^data/local/rows\.jsonl row 3: {fragment}") as error:
         load_rows(data)
-    assert str(error.value).endswith("data.bad_rows: drop drops and counts such rows")  # the way on
+    setting = "data.duplicates" if reason == "duplicate" else "data.bad_rows"
+    assert str(error.value).endswith(f"{setting}: drop drops and counts such rows")  # the way on
 
 
 @pytest.mark.parametrize("kind", BAD)
