@@ -13,7 +13,6 @@ the pipeline run's MLflow run (resumed after a kill) and sends it each logged st
 import csv
 import io
 import json
-import math
 import os
 import sys
 import time
@@ -29,7 +28,9 @@ from lora_pipeline.config.params import ROOT, load_params
 from lora_pipeline.launch.checkpoints import (clear_run, content_hash, hold_run_lock, last_complete, run_dir,
                                               run_fingerprint, stop_line)
 from lora_pipeline.model.chat import training_rows
-from lora_pipeline.train.training import LiveMetrics, StopOnSignal, WriteManifest, build_trainer, save_adapter
+from lora_pipeline.train.prepared_rows import lost_line
+from lora_pipeline.train.training import (LiveMetrics, StopOnSignal, WriteManifest, build_trainer, mean_train_loss,
+                                          save_adapter)
 
 BASE, TRAIN, ADAPTER = Path("models/base"), Path("data/split/train.jsonl"), Path("models/adapter")
 METRICS, LOSS_LOG, SPEED = outputs.METRICS["train"], Path("plots/train_loss.csv"), Path("logs/train_speed.json")
@@ -55,6 +56,9 @@ def main():
     try:
         trainer, implementations = build_trainer(params, BASE, train_set, checkpoints, callbacks=callbacks)
         rank0 = trainer.is_world_process_zero()
+        lost = lost_line(trainer.rows_lost, len(train_set), trainer.args.max_length)
+        if rank0 and lost:
+            print(lost, flush=True)
         resume = broadcast_object_list([resume])[0]  # rank 0's choice, for every process
         if rank0 and resume:
             print(f"resuming from {resume}", flush=True)
@@ -91,15 +95,15 @@ def main():
 
     history = [h for h in trainer.state.log_history if "loss" in h]
     write_json(METRICS, {
-        # the mean of the logged losses: the same whether or not the run was resumed (the log is restored with it).
-        # fsum: exactly rounded, so the same bytes on every Python (3.12's sum() adds floats in another way)
-        "train_loss": math.fsum(h["loss"] for h in history) / len(history) if history else None,
+        # from the log, which a resumed run restores with its checkpoint: the same whether or not it was resumed
+        "train_loss": mean_train_loss(history),
         "final_loss": history[-1]["loss"] if history else None,
         "steps": trainer.state.global_step,
         "world_size": trainer.args.world_size,
         "tokens": trainer.state.num_input_tokens_seen,  # non-padding tokens over all processes
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "liger_applied": int(implementations["liger"]["applied"]),
+        **trainer.rows_lost,  # what the cut at train.sft.max_length loses
     })
     rows = io.StringIO()
     writer = csv.DictWriter(rows, fieldnames=["step", "loss", "learning_rate", "grad_norm"], extrasaction="ignore",

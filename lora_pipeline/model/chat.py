@@ -138,10 +138,12 @@ HARMONY_SPECIAL_TOKENS = ["<|endoftext|>", "<|startoftext|>", "<|start|>", "<|en
 TOOL_KEYS = ("tool_calls", "name", "tool_call_id")  # what tool-calling messages add to role, content and thinking
 
 
-def conversation(row: dict, tool_keys: bool | None = None) -> list[dict]:
+def conversation(row: dict, tool_keys: bool | None = None, weight: bool = False) -> list[dict]:
     """The row's messages with a `thinking` key on every message (so one Arrow schema fits all rows); with
-    tool_keys (None: where the row uses tools), TOOL_KEYS on every message too."""
+    tool_keys (None: where the row uses tools), TOOL_KEYS on every message too; with weight, a `weight` key on every
+    message (None where the message has none: a turn trained as usual)."""
     keys = TOOL_KEYS if (uses_tools([row]) if tool_keys is None else tool_keys) else ()
+    keys += ("weight",) if weight else ()
     return [{"role": m["role"], "content": m["content"], "thinking": m.get("thinking"), **{k: m.get(k) for k in keys}}
             for m in row["messages"]]
 
@@ -159,15 +161,23 @@ def uses_tools(rows: list[dict]) -> bool:
                for row in rows)
 
 
+def has_weights(rows: list[dict]) -> bool:
+    """Whether any message of the rows carries a `weight` (OpenAI's per-turn 0 or 1: weight 0 is context, not a
+    target)."""
+    return any("weight" in m for row in rows for m in row.get("messages", []))
+
+
 def training_rows(rows: list[dict]) -> list[dict]:
     """The rows as TRL's SFTTrainer takes them: {messages}; with tools, {messages, tools} (the tools as JSON text,
-    which TRL passes to the chat template as tools=...); text rows as {text} (plain language modeling)."""
+    which TRL passes to the chat template as tools=...); text rows as {text} (plain language modeling). Messages
+    keep their `weight` only where the data gives one."""
     if rows and "messages" not in rows[0]:
         return [{"text": row["text"]} for row in rows]
+    weight = has_weights(rows)
     if not uses_tools(rows):
-        return [{"messages": conversation(row, tool_keys=False)} for row in rows]
-    return [{"messages": conversation(row, tool_keys=True), "tools": json.dumps(row.get("tools") or None)}
-            for row in rows]
+        return [{"messages": conversation(row, tool_keys=False, weight=weight)} for row in rows]
+    return [{"messages": conversation(row, tool_keys=True, weight=weight),
+             "tools": json.dumps(row.get("tools") or None)} for row in rows]
 
 
 def prompt_messages(question: str, reasoning_language: str | None, developer: str = "") -> list[dict]:

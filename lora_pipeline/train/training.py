@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import time
@@ -21,6 +22,7 @@ from lora_pipeline.model.checks import BITSANDBYTES, MXFP4_EXPERTS
 from lora_pipeline.model.loading import (apply_liger, load_model, load_tokenizer, lora_config, mask_packed_rows,
                                          training_device_map)
 from lora_pipeline.model.mxfp4_experts import pack_experts
+from lora_pipeline.train.prepared_rows import PreparedRowsSFTTrainer, weight_zero_turns
 from lora_pipeline.train.sft_args import train_sft_args
 
 log = logging.getLogger(__name__)
@@ -132,7 +134,7 @@ def every_position_scored():
         trl.trainer.utils._use_triton = chosen
 
 
-class SyncFreeSFTTrainer(SFTTrainer):
+class SyncFreeSFTTrainer(PreparedRowsSFTTrainer):
     """SFTTrainer whose own code does not wait for the GPU between logs (train.host_syncs: at_logging). TRL's
     entropy, token accuracy and token count and the Trainer's count of input tokens stay GPU tensors until a step is
     logged or a checkpoint saved; the Trainer's stand-in for a nan or inf loss (the mean of the losses since the last
@@ -239,6 +241,11 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
     if args.assistant_only_loss and "messages" not in train_set.column_names:
         levers["notes"].append("assistant_only_loss is off: text rows have no assistant turns, every token is trained")
         args.assistant_only_loss = False
+    weight_zero = weight_zero_turns(train_set)
+    if weight_zero and not args.assistant_only_loss:
+        raise SystemExit(f"train: {weight_zero} assistant turns of the training data have weight 0 (context, not a "
+                         "target), but train.sft.assistant_only_loss is false: the whole sequence would be trained, "
+                         "those turns included; set train.sft.assistant_only_loss: true in params.yaml")
     sync_free = params.train.host_syncs == "at_logging"
     if sync_free:  # before the model loads, which takes minutes at full size
         check_lm_head_hook()
@@ -263,9 +270,10 @@ def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=())
                         if compiling else None)
     if sync_free:  # the batch copied to the GPU without waiting (the data loader pins its memory)
         args.accelerator_config.non_blocking = True
-    trainer = (SyncFreeSFTTrainer if sync_free else SFTTrainer)(
+    trainer = (SyncFreeSFTTrainer if sync_free else PreparedRowsSFTTrainer)(
         model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
         peft_config=lora_config(params.lora), callbacks=list(callbacks))
+    trainer.add_callback(LogLastAndSavedSteps())  # last: after the callbacks that decide a step's checkpoint
     if levers["padding_free"] and not args.padding_free:
         trainer.data_collator.padding_free = trainer.padding_free = True
     if args.bf16 or args.fp16:
@@ -326,13 +334,13 @@ def save_adapter(trainer: SFTTrainer, folder: Path) -> None:
 
 
 class StopOnSignal(TrainerCallback):
-    """SIGTERM or SIGINT, or the launcher or DVC gone: finish the current optimizer step, save a checkpoint, and
-    stop, so a re-run resumes with no step lost. Every process stops at the same step (the flag is reduced across
-    them)."""
+    """SIGTERM or SIGINT, Slurm's SIGUSR1 ahead of a time limit, or the launcher or DVC gone: finish the current
+    optimizer step, save a checkpoint, and stop, so a re-run resumes with no step lost. Every process stops at the
+    same step (the flag is reduced across them)."""
 
     def __init__(self):
         self.received = None
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._note)
         # A worker whose launcher died (even by SIGKILL) is re-parented: it stops the same way instead of training
         # on as an orphan beside the next run. So does one whose DVC died: DVC exits on SIGTERM without stopping the
@@ -364,6 +372,28 @@ class StopOnSignal(TrainerCallback):
             self.received = self.received or signal.SIGTERM
             control.should_save = control.should_training_stop = True
         return control
+
+
+class LogLastAndSavedSteps(TrainerCallback):
+    """Logs the last step, and each step a checkpoint is saved at, whatever logging_steps says: the log then covers
+    every step, and a resumed run's log (the checkpoint's) ends at the step it resumes from."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps or control.should_save:
+            control.should_log = True
+        return control
+
+
+def mean_train_loss(log_history: list[dict]) -> float | None:
+    """The mean loss over the logged steps: each logged loss (the mean over the steps since the log before it) weighed
+    by the steps it covers. With every step logged (LogLastAndSavedSteps), the Trainer's training_loss of a run that
+    was not resumed, and the same for one that was (the Trainer's figure then covers only the steps since the resume).
+    fsum: exactly rounded, so the same bytes on every Python (3.12's sum() adds floats in another way)."""
+    logged = [entry for entry in log_history if "loss" in entry]
+    if not logged:
+        return None
+    covered = [entry["step"] - before for entry, before in zip(logged, [0] + [e["step"] for e in logged[:-1]])]
+    return math.fsum(entry["loss"] * steps for entry, steps in zip(logged, covered)) / logged[-1]["step"]
 
 
 class WriteManifest(TrainerCallback):

@@ -98,3 +98,20 @@ def test_the_tiny_templates_render_tools_and_train_on_the_calls(family, tmp_path
     assert '{"city": "Paris"}' in trained and "21 degrees." in trained and '{"temp": 21}' not in trained
     plain = train_tokenizer(tokenizer_corpus(ROWS), 300, family, tmp_path / "plain")
     assert plain.chat_template == (CHATML_THINK_TEMPLATE if family == "tiny-qwen2" else HARMONY_TEMPLATE)
+
+
+def test_training_rows_keep_the_weight_key_only_for_data_that_has_it():
+    """OpenAI's per-turn weight reaches TRL on every message (one Arrow schema; None where a message has none) only
+    where some message of the data has one: other data's rows are as before."""
+    from lora_pipeline.model.chat import training_rows
+
+    plain = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]}
+    weighted = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "weight": 0},
+                             {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "B"}]}
+    assert training_rows([plain]) == [{"messages": [{"role": "user", "content": "Q", "thinking": None},
+                                                    {"role": "assistant", "content": "A", "thinking": None}]}]
+    rows = training_rows([plain, weighted])
+    assert [[m["weight"] for m in row["messages"]] for row in rows] == [[None, None], [None, 0, None, None]]
+    with_tools = training_rows([{**weighted, **TOOL_ROWS[0]}, weighted])
+    assert all(set(m) == {"role", "content", "thinking", "weight", "tool_calls", "name", "tool_call_id"}
+               for row in with_tools for m in row["messages"])

@@ -7,7 +7,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, masking_utils
 
 from lora_pipeline.model.loading import apply_liger
-from lora_pipeline.train.training import block_masks_built, build_block_masks_eagerly, compile_decoder_layers
+from lora_pipeline.train.training import (block_masks_built, build_block_masks_eagerly, compile_decoder_layers,
+                                          mean_train_loss)
 
 
 def test_eager_block_masks_keep_packed_rows_apart():
@@ -82,6 +83,32 @@ def _tiny_trainer(tmp_path, name, sets, arch="qwen2"):
     params = for_stage(validate(raw), "test", ["model", "quantization", "train", "lora"])
     rows = Dataset.from_list([{"input_ids": [(7 * i + j) % 95 + 2 for j in range(20 + i)]} for i in range(32)])
     return build_trainer(params, base, rows, tmp_path / name)
+
+
+@pytest.mark.parametrize("steps, logging_steps, logged", [(2, 5, [2]), (5, 2, [2, 4, 5])])
+def test_the_last_step_is_logged_and_train_loss_is_the_trainers_own(tmp_path, steps, logging_steps, logged):
+    """Whatever logging_steps is, the last step is logged, and the mean over the log, each logged loss weighed by the
+    steps it covers (metrics/train.json's train_loss), is the Trainer's training_loss."""
+    trainer, _ = _tiny_trainer(tmp_path, "run", [f"train.sft.max_steps={steps}",
+                                                 f"train.sft.logging_steps={logging_steps}"])
+    output = trainer.train()
+    assert [entry["step"] for entry in trainer.state.log_history if "loss" in entry] == logged
+    assert mean_train_loss(trainer.state.log_history) == pytest.approx(output.training_loss, rel=1e-12)
+
+
+def test_a_resumed_run_logs_its_checkpoint_step_and_ends_with_the_uninterrupted_train_loss(tmp_path):
+    """A checkpoint's step is logged too (step 3 here, with logging_steps 2), so a run resumed from it finds every
+    step before it in the restored log: its train_loss is the uninterrupted run's, where the Trainer's training_loss
+    covers only the steps since the resume."""
+    sets = ["train.sft.max_steps=5", "train.sft.logging_steps=2", "train.checkpoint_steps=3"]
+    trainer, _ = _tiny_trainer(tmp_path, "run", sets)
+    whole = trainer.train()
+    assert [entry["step"] for entry in trainer.state.log_history if "loss" in entry] == [2, 3, 4, 5]
+    trainer, _ = _tiny_trainer(tmp_path, "run", sets)
+    resumed = trainer.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-3"))
+    assert [entry["step"] for entry in trainer.state.log_history if "loss" in entry] == [2, 3, 4, 5]
+    assert mean_train_loss(trainer.state.log_history) == pytest.approx(whole.training_loss, rel=1e-6)
+    assert resumed.training_loss != pytest.approx(whole.training_loss, rel=1e-3)
 
 
 def test_checkpointing_every_second_layer_reaches_the_layers_and_learns_the_same(tmp_path, monkeypatch):
