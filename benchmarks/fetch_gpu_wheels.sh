@@ -8,16 +8,16 @@ cd "$(dirname "$0")/.."
 DEST=${WHEELS_DIR:-.whl}
 PY=${PYTHON:-$(command -v python3)}
 LIST=benchmarks/gpu-wheels.txt
-SOURCE_ONLY=antlr4-python3-runtime  # no wheel on PyPI: built here (pure Python)
+SOURCE_ONLY="antlr4-python3-runtime|rouge-score"  # no wheel on PyPI: built here (pure Python)
 mkdir -p "$DEST"
 PLATFORMS=()
 for p in manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
   PLATFORMS+=(--platform "${p}_x86_64")
 done
-grep -v "^$SOURCE_ONLY==" "$LIST" >"$DEST/.binary.txt"
+grep -Ev "^($SOURCE_ONLY)==" "$LIST" >"$DEST/.binary.txt"
 "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${PLATFORMS[@]}" -d "$DEST" -r "$DEST/.binary.txt"
-grep "^$SOURCE_ONLY==" "$LIST" >"$DEST/.source.txt" || true
+grep -E "^($SOURCE_ONLY)==" "$LIST" >"$DEST/.source.txt" || true
 [ -s "$DEST/.source.txt" ] && "$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$DEST" -r "$DEST/.source.txt"
 rm -f "$DEST/.binary.txt" "$DEST/.source.txt"
 # one version of each: two stop the whole install there

@@ -26,6 +26,13 @@ COLUMNS = [("loss", FILES["eval"], "test.loss"), ("comp", FILES["eval"], "compli
            ("final", FILES["eval"], "final_language_rate"),
            ("mgsm", FILES["eval"], "accuracy.mgsm.overall"),
            ("merge", FILES["merge"], "relative_logit_diff")]
+# The held-out answers against their references (data asked as it asks), before merge: only where a row has them.
+TASK_COLUMNS = [("match", FILES["eval"], "task.exact_match"), ("rougeL", FILES["eval"], "task.rouge_l"),
+                ("chrF", FILES["eval"], "task.chrf"), ("call", FILES["eval"], "tool_call.right_call"),
+                ("nocall", FILES["eval"], "tool_call.no_call_when_none")]
+TASK_LEGEND = {"match": "exact match of the held-out answers (normalised)", "rougeL": "their mean ROUGE-L F1",
+               "chrF": "their corpus chrF (0-100)", "call": "tool calls right (name and arguments)",
+               "nocall": "answered without a call where the reference does"}
 LANGUAGE_PREFIX = "compliance."
 WIDTH = 120
 ABSENT = object()  # a key that one side's params.yaml does not have
@@ -88,7 +95,9 @@ def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
                   reverse=greater_is_better)
     languages = sorted({k[len(LANGUAGE_PREFIX):] for r in rows for k in r["metrics"].get(FILES["eval"], {})
                         if k.startswith(LANGUAGE_PREFIX) and k != "compliance.overall"})
-    columns = COLUMNS[:2] + [(lang, FILES["eval"], LANGUAGE_PREFIX + lang) for lang in languages] + COLUMNS[2:]
+    task = [c for c in TASK_COLUMNS if any(r["metrics"].get(c[1], {}).get(c[2]) is not None for r in rows)]
+    columns = (COLUMNS[:2] + [(lang, FILES["eval"], LANGUAGE_PREFIX + lang) for lang in languages] + COLUMNS[2:-1]
+               + task + COLUMNS[-1:])
 
     def cell(r, file, key):
         v = r["metrics"].get(file, {}).get(key)
@@ -106,7 +115,9 @@ def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
         grid.add_row(Text(r["name"]), *(Text(cell(r, f, k)) for _, f, k in columns), Text(changed))
     legend = (f"sorted by {gate} ({'higher' if greater_is_better else 'lower'} is better); loss: held-out loss; "
               "comp: reasoning in the asked language (overall, then per language); final: final answer in the "
-              "question's language; mgsm: MGSM accuracy; merge: relative logit diff merged vs adapted; changed: every "
+              "question's language; mgsm: MGSM accuracy; "
+              + "".join(f"{header}: {TASK_LEGEND[header]}; " for header, _, _ in task)
+              + "merge: relative logit diff merged vs adapted; changed: every "
               "param that differs from the row's baseline, which is the commit an experiment ran from, and HEAD for "
               "the workspace (HEAD's own row shows none)")
     out = io.StringIO()

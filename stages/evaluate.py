@@ -1,11 +1,12 @@
-"""evaluate and evaluate_base: held-out loss, reasoning-language compliance, answer accuracy (built-in set, MGSM) and
-the demo, for one model.
+"""evaluate and evaluate_base: held-out loss, reasoning-language compliance, answer accuracy (built-in set, MGSM), the
+held-out answers against their references (text and tool calls) and the demo, for one model.
 
     accelerate launch --config_file configs/accelerate/<eval.accelerate_config>.yaml -m stages.evaluate [base]
 finetuned (the default; dvc stage evaluate): models/merged -> metrics/eval.json, with the base's figures from
-metrics/eval_base.json under "base", the demo and the report. base (dvc stage evaluate_base): models/base as it is
-trained (the quantization params) -> metrics/eval_base.json; it runs again only when the base or the eval params
-change, not for every new adapter. Several processes split the batches; rank 0 writes.
+metrics/eval_base.json under "base", the demo, reports/task.md (the references beside both models' answers) and the
+report. base (dvc stage evaluate_base): models/base as it is trained (the quantization params) ->
+metrics/eval_base.json; it runs again only when the base or the eval params change, not for every new adapter.
+Several processes split the batches; rank 0 writes.
 """
 import json
 import sys
@@ -23,11 +24,13 @@ from lora_pipeline.evaluate.heldout import heldout_loss, use_for_loss
 from lora_pipeline.evaluate.report import plot_report, write_compliance
 from lora_pipeline.evaluate.scoring import (answer_correct, asks_reasoning_language, detect_language, eval_figures,
                                             read_mgsm)
+from lora_pipeline.evaluate.task import asked_turn, prompt_shown, reference, score_answer, task_report
 from lora_pipeline.launch.distributed import launch_state, process_group
 from lora_pipeline.model.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.model.loading import load_model, load_tokenizer
 
 TEST, LOSS_LOG, REPORTS = Path("data/split/test.jsonl"), Path("plots/train_loss.csv"), Path("reports")
+TASK_REPORT = REPORTS / "task.md"  # each held-out question's reference beside both models' answers
 # What each model's evaluation reads and writes.
 MODELS = {
     "finetuned": {"stage": "evaluate", "model": Path("models/merged"), "metrics": METRICS["eval"],
@@ -46,9 +49,10 @@ def user_question(row):
 
 
 def row_prompt(row) -> list[dict]:
-    """A held-out row's conversation up to its last assistant turn: what the row asks."""
+    """A held-out row's conversation up to the assistant turn it is asked for (task.asked_turn: its first tool call,
+    else its last assistant turn): what the row asks."""
     messages = conversation(row)
-    return messages[:max(i for i, m in enumerate(messages) if m["role"] == "assistant")]
+    return messages[:asked_turn(messages)]
 
 
 def progress(line: str) -> None:
@@ -76,20 +80,24 @@ def evaluate(model, tokenizer, ev, heldout: list, questions: list):
                      else row_prompt(r) for r, lang in cases]
     conversations += [prompt_messages(r["question"], LANGUAGE_NAMES[lang]) for lang, rows in mgsm.items() for r in rows]
     conversations.append(DEMO)
+    # Each prompt's function schemas for the chat template: a row asked as it asks keeps its own.
+    tools = [(r.get("tools") or None) if lang is None else None for r, lang in cases]
+    tools += [None] * (len(conversations) - len(tools))
     stats = {}
     chosen = implementations["generation"]
     progress(f"loss {loss['loss']:.4f} in {timings['loss_seconds']:.1f} s; generating answers to "
              f"{len(conversations)} prompts, up to {ev.max_new_tokens} new tokens each ({chosen['attention']} "
              f"attention, {chosen['decode_step']} decode step)")
     outputs = iter(generate(model, tokenizer, conversations, ev.max_new_tokens, ev.batch_size, ev.do_sample, stats,
-                            chosen["decode_step"]))
+                            chosen["decode_step"], tools=tools if any(tools) else None))
     timings["generation"] = stats | {"new_tokens_per_s": stats.get("new_tokens", 0) / max(stats.get("seconds", 0), 1e-9),
                                      "ms_per_step": 1000 * stats.get("seconds", 0) / max(stats.get("decode_steps", 0), 1)}
 
     records = []
-    for (row, lang), text in zip(cases, outputs):
-        if lang is None:
-            records.append({"set": "heldout", "question": user_question(row), "generated": text})
+    for (row, lang), text, asked in zip(cases, outputs, conversations):
+        if lang is None:  # asked as the row asks it: scored against the row's own answer
+            records.append({"set": "heldout", "question": user_question(row), "generated": text}
+                           | score_answer(reference(row), text) | {"prompt": prompt_shown(asked)})
             continue
         reasoning, final = split_reasoning(text)
         record = {"set": "heldout", "reasoning_language": lang, "question": user_question(row), "generated": text,
@@ -154,7 +162,9 @@ def main():
 
     base = json.loads(MODELS["base"]["metrics"].read_text())
     write_json(paths["metrics"], metrics | ({"base": base} if base else {}))
-    transcripts = records + read_jsonl(MODELS["base"]["generations"])
+    base_records = read_jsonl(MODELS["base"]["generations"])
+    write_text(TASK_REPORT, task_report(records, base_records, metrics, base))
+    transcripts = records + base_records
     demo_lines = []
     for record in (r for r in transcripts if r["set"] == "demo"):
         reasoning, final = split_reasoning(record["generated"])

@@ -66,6 +66,11 @@ MERGE_LOGIT_FIGURES = ("max_abs_logit_diff", "relative_logit_diff", "mean_relati
 BUILTIN_GATE, HELD_OUT_GATE = "eval.compliance.overall", "eval.test.loss"
 # Figures only rows that ask for a reasoning language (and the built-in rows' answers) yield.
 REASONING_FIGURES = ("eval.compliance.", "eval.final_language_rate", "eval.accuracy.builtin")
+# Figures only held-out rows asked as they ask (no reasoning language) yield, by what such a row must hold
+# (lora_pipeline.evaluate.task.row_yields), with those words for the check that refuses the gate.
+ROW_FIGURES = {"eval.task.": ("text", "a reference answered in text"),
+               "eval.tool_call.right_": ("call", "a tool call"),
+               "eval.tool_call.no_call_when_none": ("no_call", "tools offered and an answer without a call")}
 
 
 def gate(register, data_source: str) -> tuple[str, bool]:

@@ -27,15 +27,20 @@ def check_register(register) -> None:
                          "(the metrics file it comes from)")
 
 
-# Figures of metrics/eval.json that register.gate_metric may not name: a count and the demo's check.
-NOT_GATES = {"test.tokens", "demo_reasoning_is_german"}
+# Figures of metrics/eval.json that register.gate_metric may not name: counts and the demo's check.
+NOT_GATES = {"test.tokens", "demo_reasoning_is_german", "task.questions", "tool_call.questions",
+             "tool_call.calls_expected", "tool_call.answers_expected"}
 
 
 def eval_metric_keys(ev) -> list[str]:
     """The figures of the fine-tuned model that evaluate writes to metrics/eval.json for these params (those of
-    held-out rows with a user language and an answer too), less NOT_GATES."""
+    held-out rows with a user language and an answer, and of rows asked as they ask: text answers, tool calls and
+    tool rows answered without a call, too), less NOT_GATES."""
     heldout = [{"reasoning_language": lang, "reasoning_detected": lang, "user_language": lang, "final_detected": lang,
                 "correct": True} for lang in ev.languages]
+    heldout += [{"reference": "a", "answer": "a", "exact_match": True, "rouge_l": 1.0, "chrf": 100.0},
+                {"reference_calls": [{"name": "f", "arguments": {}}], "right_call": True, "right_name": True},
+                {"reference_calls": [], "no_call": True}]
     mgsm = {lang: [True] for lang in ev.mgsm.languages} if ev.mgsm.path else {}
     figures = flat_keys(eval_figures(ev.languages, loss_figures(0.0, 0), heldout, mgsm, None))
     return [key for key in figures if key not in NOT_GATES]
@@ -43,7 +48,8 @@ def eval_metric_keys(ev) -> list[str]:
 
 def check_gate_metric(register, ev, data_source: str) -> None:
     """An eval. gate metric must be a figure that evaluate writes with these params (train. and merge. figures are
-    checked by register against the metrics files; the data a reasoning figure needs, by checks.check_gate_data)."""
+    checked by register against the metrics files; the data a reasoning, task or tool-call figure needs, by
+    checks.check_gate_data)."""
     metric, _ = gate(register, data_source)
     stage, _, key = metric.partition(".")
     if stage == "eval" and key not in (known := eval_metric_keys(ev)):

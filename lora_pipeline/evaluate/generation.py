@@ -92,10 +92,14 @@ def decode_step_options(decode_step: str, compile_on_cpu: bool = False) -> dict:
 
 
 def generate(model, tokenizer, conversations: list[list[dict]], max_new_tokens: int, batch_size: int,
-             do_sample: bool = False, stats: dict | None = None, decode_step: str = "eager", **options) -> list[str]:
+             do_sample: bool = False, stats: dict | None = None, decode_step: str = "eager",
+             tools: list[list | None] | None = None, **options) -> list[str]:
     """Batched generation (left padding) of the assistant turn; returns the new text, special tokens kept.
-    `options`: further arguments of transformers' generate (e.g. min_new_tokens)."""
-    prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations]
+    `tools`: each conversation's function schemas for the chat template, or None. `options`: further arguments of
+    transformers' generate (e.g. min_new_tokens)."""
+    tools = tools or [None] * len(conversations)
+    prompts = [tokenizer.apply_chat_template(c, tools=t, tokenize=False, add_generation_prompt=True)
+               for c, t in zip(conversations, tools)]
     return generate_from_prompts(model, tokenizer, prompts, max_new_tokens, batch_size, stats=stats,
                                  decode_step=decode_step, do_sample=do_sample, **options)
 

@@ -8,6 +8,8 @@ import math
 import re
 from pathlib import Path
 
+from lora_pipeline.evaluate.task import task_figures, tool_call_figures
+
 _identifier = None
 
 
@@ -94,8 +96,9 @@ def eval_figures(languages: list[str], loss: dict, heldout: list[dict], mgsm: di
                  demo_reasoning: str | None) -> dict:
     """One model's figures in metrics/eval.json, as evaluate writes them: from the held-out loss (loss_figures), the
     generation records of the held-out questions (each that asks for a reasoning language asked once per language
-    of `languages`; compliance is NOT_APPLICABLE where none does), whether each MGSM
-    answer was right, per language, and the detected language of the demo's reasoning."""
+    of `languages`; compliance is NOT_APPLICABLE where none does; any other asked once and scored against its
+    reference by task.score_answer: `task` for the text answers, `tool_call` for the rows that use tools), whether
+    each MGSM answer was right, per language, and the detected language of the demo's reasoning."""
     asked = [r for r in heldout if "reasoning_language" in r]  # the rows that ask for a reasoning language
     if asked:
         questions = len(asked) // len(languages)
@@ -116,5 +119,9 @@ def eval_figures(languages: list[str], loss: dict, heldout: list[dict], mgsm: di
         per_lang = {lang: sum(correct) / len(correct) for lang, correct in mgsm.items()}
         per_lang["overall"] = sum(per_lang.values()) / len(per_lang)
         figures.setdefault("accuracy", {})["mgsm"] = per_lang
+    if any("exact_match" in r for r in heldout):
+        figures["task"] = task_figures(heldout)
+    if tool_rows := [r for r in heldout if "reference_calls" in r]:
+        figures["tool_call"] = tool_call_figures(tool_rows)
     figures["demo_reasoning_is_german"] = int(demo_reasoning == "de")
     return figures

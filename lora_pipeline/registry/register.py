@@ -125,7 +125,8 @@ def champion_decision(client: MlflowClient, model_name: str, metric: str, value:
 
 
 # What the register stage logs besides the metrics files (lora_pipeline.config.outputs.METRICS).
-LOSS_LOG, ARTIFACTS = Path("plots/train_loss.csv"), [Path("reports/demo.txt"), Path("reports/report.png")]
+LOSS_LOG = Path("plots/train_loss.csv")
+ARTIFACTS = [Path("reports/demo.txt"), Path("reports/report.png"), Path("reports/task.md")]
 SPEED = Path("logs/train_speed.json")  # timings of the train stage: logged when present, never a DVC dependency
 ADAPTER = Path("models/adapter")
 

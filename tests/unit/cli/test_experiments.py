@@ -84,6 +84,23 @@ def test_rows_are_sorted_by_the_gate_with_the_metric_columns():
     assert lines[2].split() == ["workspace", "0.33", "0.93", "0.93", "1", "0.5", "-", "1.0e-07", "lora.lora_alpha=32"]
 
 
+def test_the_task_columns_show_where_a_row_has_them():
+    """Data asked as it asks (an Alpaca file, tool calls): its answers' figures against the references, in columns
+    that the built-in data's table does not have."""
+    text = table(experiment_rows(SHOWN), "eval.compliance.overall", True)
+    assert not {"match", "rougeL", "chrF", "call", "nocall"} & set(text.splitlines()[0].split())
+    shown = copy.deepcopy(SHOWN)
+    shown[1]["experiments"][0]["revs"][0]["data"]["metrics"]["metrics/eval.json"]["data"]["task"] = {
+        "exact_match": 0.25, "rouge_l": 0.5, "chrf": 41.27, "questions": 4}
+    text = table(experiment_rows(shown), "eval.task.rouge_l", True)
+    lines = text.splitlines()
+    assert lines[0].split() == ["experiment", "loss", "comp", "de", "en", "final", "mgsm", "match", "rougeL", "chrF",
+                                "merge", "changed"]
+    assert lines[2].split()[:1] + lines[2].split()[7:10] == ["r16-alpha32", "0.25", "0.5", "41.3"], text
+    assert "rougeL: their mean ROUGE-L F1" in text and "call:" not in text
+    assert all(len(line) <= WIDTH for line in lines), text
+
+
 def test_lower_is_better_gate_puts_the_smallest_loss_first():
     names = list(changed_cells(table(experiment_rows(SHOWN), "eval.test.loss", False)))
     assert names[0] == "nf4" and names[-1] == "mgsm-2", names

@@ -101,11 +101,18 @@ def test_the_gate_figures_are_those_evaluate_writes(monkeypatch):
     monkeypatch.setattr(evaluate, "use_for_generation",
                         lambda model, decode_step: {"attention": "sdpa", "decode_step": decode_step})
     monkeypatch.setattr(evaluate, "read_mgsm", lambda path, lang, limit: [{"question": "2+5?", "answer": 7.0}] * limit)
-    monkeypatch.setattr(evaluate, "generate", lambda model, tokenizer, conversations, *args: ["7"] * len(conversations))
+    monkeypatch.setattr(evaluate, "generate",
+                        lambda model, tokenizer, conversations, *args, **kwargs: ["7"] * len(conversations))
     monkeypatch.setattr(evaluate, "detect_language", lambda text: "en")
     model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
     questions = [{"messages": [{"role": "user", "content": "2+5?"}], "user_language": "en", "answer": 7,
                   "reasoning_language": "English"}] * 3
+    # rows asked as they ask: a text answer, a tool call, tools offered and answered without a call
+    answer = {"messages": [{"role": "user", "content": "2+5?"}, {"role": "assistant", "content": "7"}]}
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    calls = {"messages": [{"role": "user", "content": "Weather?"},
+                          {"role": "assistant", "content": None, "tool_calls": [call]}], "tools": [{"name": "x"}]}
+    questions += [answer, calls, {**answer, "tools": [{"name": "x"}]}]
     metrics, _, _ = evaluate.evaluate(model, None, ev, [], questions)
     gates = set(eval_metric_keys(ev))
     assert set(flat_keys(metrics)) == gates | NOT_GATES and not gates & NOT_GATES
@@ -121,8 +128,8 @@ def test_compliance_is_not_applicable_where_no_row_asks_for_a_reasoning_language
     monkeypatch.setattr(evaluate, "use_for_loss", lambda model: {"attention": "sdpa"})
     monkeypatch.setattr(evaluate, "use_for_generation",
                         lambda model, decode_step: {"attention": "sdpa", "decode_step": decode_step})
-    monkeypatch.setattr(evaluate, "generate", lambda model, tok, conversations, *args: asked.extend(conversations)
-                        or ["4"] * len(conversations))
+    monkeypatch.setattr(evaluate, "generate", lambda model, tok, conversations, *args, **kwargs:
+                        asked.extend(conversations) or ["4"] * len(conversations))
     monkeypatch.setattr(evaluate, "detect_language", lambda text: "en")
     rows = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"{i}+2?"},
                           {"role": "assistant", "content": "4"}]} for i in range(3)]
