@@ -174,12 +174,21 @@ def kept_checkpoint(since: float, root: Path = Path(".")) -> Path | None:
 def stop_line(stage: str, signum: int, checkpoint: Path | None, at_step: int | None = None) -> str:
     """One line for a stage that a signal stopped: which stage, which signal (at which step, when known), the
     checkpoint kept and the way on."""
+    stopped = f"{stage} stopped by {signal_name(signum)}" + (f" at step {at_step}" if at_step is not None else "")
+    return f"{stopped}; {kept_clause(checkpoint)}"
+
+
+def signal_name(signum: int) -> str:
+    """e.g. SIGTERM (signal 15)"""
     try:
-        name = f"{signal.Signals(signum).name} (signal {signum})"
+        return f"{signal.Signals(signum).name} (signal {signum})"
     except ValueError:
-        name = f"signal {signum}"
-    stopped = f"{stage} stopped by {name}" + (f" at step {at_step}" if at_step is not None else "")
+        return f"signal {signum}"
+
+
+def kept_clause(checkpoint: Path | None) -> str:
+    """What a stopped stage keeps and the way on, for the end of its one line."""
     if checkpoint is None:
-        return f"{stopped}; kept: no checkpoint; `dvc repro` runs it again"
+        return "kept: no checkpoint; `dvc repro` runs it again"
     step = _STEP.match(checkpoint.name).group(1)
-    return f"{stopped}; kept: checkpoint {checkpoint} (step {step}); `dvc repro` resumes from it"
+    return f"kept: checkpoint {checkpoint} (step {step}); `dvc repro` resumes from it"

@@ -26,6 +26,7 @@ from lora_pipeline.launch import stage_launch
 from lora_pipeline.launch.ancestors import any_gone, dvc_ancestors
 from lora_pipeline.launch.checkpoints import kept_checkpoint, stop_line
 from lora_pipeline.launch.machine import accelerate_config, on_slurm, processes_here, starts_one_process
+from lora_pipeline.launch.slurm_step import TIME_LIMIT_SIGNAL, StepOutput
 
 # stage -> (the module it runs with its arguments, the params section naming its accelerate config and node count;
 # None: one process, on one node)
@@ -36,6 +37,8 @@ STAGES = {
     "evaluate": (["stages.evaluate"], "eval"),
 }
 CONFIGS = Path("configs/accelerate")
+LOGS = Path("logs")  # each Slurm job's whole output, every node's lines: logs/slurm-<stage>.log
+USABLE_STATES = {"idle", "mixed", "allocated", "completing", "planned"}  # sinfo's long states of a node that runs jobs
 # Stages that run in the launcher's interpreter when their config starts one process on this machine (stage_launch
 # .run_here). train keeps accelerate's launcher: a SIGTERM to it saves a checkpoint that the launcher reports.
 IN_LAUNCHER = {"evaluate_base", "evaluate"}
@@ -124,10 +127,12 @@ def srun_command(stage: str, params, environ=os.environ) -> list[str]:
     nodes = getattr(params, section).nodes if section else 1
     slurm = params.launch.slurm
     command = ["srun", f"--job-name={job_name(stage, environ)}", f"--nodes={nodes}", f"--ntasks={nodes}",
-               "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+               "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label"]
     if not environ.get("SLURM_JOB_ID"):
         command += [f"--{key}={value}" for key, value in
                     (("partition", slurm.partition), ("account", slurm.account), ("time", slurm.time)) if value]
+        if slurm.time and slurm.save_before_limit:  # every process, that long before the limit: save and stop
+            command.append(f"--signal={TIME_LIMIT_SIGNAL.name.removeprefix('SIG')}@{slurm.save_before_limit}")
     gpus = min(slurm.gpus_per_node, 1) if section is None else slurm.gpus_per_node  # merge: one process, one GPU
     if gpus:
         command.append(f"--gpus-per-node={gpus}")
@@ -147,10 +152,25 @@ def slurm_refusal(command: list[str]) -> str | None:
     return said[0].removeprefix("allocation failure: ") if said else f"srun exited {tested.returncode}"
 
 
+def unavailable_nodes(partition: str = "") -> list[str]:
+    """The nodes (of the partition, or every one) that cannot take a job now, each with its state and Slurm's reason:
+    e.g. 'n2 (drained: disk failed)'. A trailing * in sinfo's state: the node does not answer."""
+    listed = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N|%T|%E",
+                             *([f"--partition={partition}"] if partition else [])], capture_output=True, text=True)
+    found = {}
+    for line in listed.stdout.splitlines():
+        node, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        if state.endswith("*") or state.rstrip("~#!%$@^-") not in USABLE_STATES:
+            said = state.rstrip("*") + (" and not responding" if state.endswith("*") else "")
+            found[node] = f"{node} ({said}" + (f": {reason})" if reason and reason != "none" else ")")
+    return list(found.values())
+
+
 def check_launch(params, root: Path = Path(".")) -> None:
     """What the launch params cannot start, before any stage runs: several nodes on this machine alone, Slurm without
-    its srun, a job Slurm refuses (an unknown partition, more nodes than there are, GPUs the nodes lack: asked with
-    srun --test-only from a login node), and more GPUs per node than the accelerate configs start processes per node."""
+    its srun, a job Slurm refuses (an unknown partition, more nodes than there are or than are up, GPUs the nodes lack:
+    asked with srun --test-only from a login node, naming the nodes that are down or drained and why), and more GPUs
+    per node than the accelerate configs start processes per node."""
     problems = []
     for key in ("train", "eval"):
         if getattr(params, key).nodes > 1 and not on_slurm(params.launch):
@@ -166,6 +186,11 @@ def check_launch(params, root: Path = Path(".")) -> None:
                                 f"{key}.accelerate_config {section.accelerate_config} starts {per_node} "
                                 f"process{'es' * (per_node != 1)} per node, one per GPU; allowed: at most {per_node}, "
                                 "or a config that starts as many processes per node as GPUs")
+        limit = slurm_seconds(slurm.time) if slurm.time else None
+        if limit is not None and slurm.save_before_limit >= limit:
+            problems.append(f"launch.slurm.save_before_limit: {slurm.save_before_limit} s is not less than "
+                            f"launch.slurm.time {slurm.time} ({limit} s): the processes would be told to save before "
+                            f"they start; allowed: 0 (no signal) to {limit - 1}, or a longer launch.slurm.time")
         if shutil.which("srun") is None:
             problems.append("launch.launcher: slurm starts jobs with srun, which is not on PATH here; install Slurm's "
                             "client (slurm-client) or run where it is, or use launch.launcher local")
@@ -176,8 +201,9 @@ def check_launch(params, root: Path = Path(".")) -> None:
             for command, stage in asked.items():
                 if reason := slurm_refusal(list(command)):
                     key = "launch.slurm.partition" if "partition" in reason.lower() else "launch.slurm"
-                    options = " ".join(arg for arg in command[1:command.index(sys.executable)]
-                                       if not arg.startswith("--job-name"))
+                    options = srun_settings(list(command[:command.index(sys.executable)]))
+                    down = unavailable_nodes(slurm.partition)
+                    reason += f"; nodes that cannot take jobs now: {', '.join(down)}" if down else ""
                     problems.append(f"{key}: Slurm refuses {stage}'s job ({options}): {reason}")
                     break  # one job's reason says it; the others would repeat it
     if problems:
@@ -194,23 +220,31 @@ def our_jobs(name: str, environ=os.environ) -> list[str]:
     return [row.split(" ", 1)[0] for row in rows if row.split(" ", 1)[1:] == [name]]
 
 
-def run_srun(command: list[str], name: str) -> int:
+def run_srun(command: list[str], name: str, stage: str, log: Path) -> tuple[int, StepOutput | None]:
     """Run srun in its own session (a terminal's Ctrl-C reaches this process alone: srun would only print its status)
-    and relay its output; on a signal, cancel the job through Slurm and wait for srun to end. Raises LaunchError with
-    Slurm's reason when it refuses the job."""
+    and relay its output, every line to `log` and, until the first sign of a fault, to the terminal (StepOutput); on a
+    signal, cancel the job through Slurm and wait for srun to end. Returns srun's exit code (128 + the signal this
+    process got, if one did) and, for a job that failed by itself, what its output said (its verdict names how it
+    ended). Raises LaunchError with Slurm's reason when it refuses the job."""
     dvc = dvc_ancestors()
-    proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE, text=True, bufsize=1)
-    refused = []
+    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, encoding="utf-8", errors="replace", bufsize=1)  # srun may cut a character
+    refused, output = [], StepOutput(stage)
+    log.parent.mkdir(parents=True, exist_ok=True)
 
     def relay():
-        for line in proc.stderr:
-            try:
-                sys.stderr.write(line)
-                sys.stderr.flush()
-            except OSError:  # the reader (DVC) is gone: keep draining srun's output so that it never blocks
-                pass
-            if found := re.match(r"srun: error: Unable to allocate resources: (.*)", line):
-                refused.append(found.group(1).strip())
+        with open(log, "a", encoding="utf-8") as written:
+            for line in proc.stdout:
+                written.write(line)
+                shown = output.feed(line.rstrip("\n"))
+                try:
+                    if shown is not None:
+                        sys.stdout.write(shown + "\n")
+                        sys.stdout.flush()
+                except OSError:  # the reader (DVC) is gone: keep draining srun's output so that it never blocks
+                    pass
+                if found := re.match(r"srun: error: Unable to allocate resources: (.*)", line):
+                    refused.append(found.group(1).strip())
 
     relaying = threading.Thread(target=relay, daemon=True)
     relaying.start()
@@ -218,6 +252,7 @@ def run_srun(command: list[str], name: str) -> int:
 
     def cancel(signum, _frame):
         received.append(signum)
+        output.faulted = True  # what the stopped processes print next is for the log
         jobs = our_jobs(name)
         if jobs:  # scancel: SIGTERM to every process of the job, SIGKILL after Slurm's KillWait
             subprocess.run(["scancel", *jobs], capture_output=True)
@@ -233,16 +268,73 @@ def run_srun(command: list[str], name: str) -> int:
         except subprocess.TimeoutExpired:
             if not received and any_gone(dvc):
                 cancel(signal.SIGTERM, None)
-    relaying.join(timeout=10)  # srun has ended; its shepherd (a fork that holds the same stderr) may outlive it
+    relaying.join(timeout=10)  # srun has ended; its shepherd (a fork that holds the same stdout) may outlive it
     if received:
-        return 128 + received[0]
+        return 128 + received[0], None
     if returncode and refused:
         raise LaunchError(f"Slurm refused the job: {refused[-1]} (launch.slurm: {srun_settings(command)})")
-    return returncode
+    if not returncode:
+        return 0, None
+    if output.cancelled and was_preempted(output.cancelled[0]):  # a grace time's cancel names no reason
+        output.cancelled_because("PREEMPTION")
+    for line in output.shown_after():  # the failing task's own error
+        print(line, flush=True)
+    return returncode, output
+
+
+def was_preempted(job: str) -> bool:
+    """Whether Slurm preempted the job, as it keeps it for a while after it ends (MinJobAge): in state PREEMPTED, or,
+    where its processes ended within the partition's grace time, with the time it was preempted at."""
+    shown = subprocess.run(["scontrol", "show", "job", job, "--oneliner"], capture_output=True, text=True).stdout
+    fields = dict(re.findall(r"\b(JobState|PreemptTime)=(\S+)", shown))
+    return fields.get("JobState") == "PREEMPTED" or fields.get("PreemptTime", "None") not in ("None", "Unknown")
 
 
 def srun_settings(command: list[str]) -> str:
-    return " ".join(arg for arg in command[1:] if arg.startswith("--") and not arg.startswith("--job-name")) or "none"
+    """The options of an srun command that say what the job asks for (not how the launcher runs it)."""
+    return " ".join(arg for arg in command[1:] if arg.startswith("--")
+                    and not arg.startswith(("--job-name", "--kill-on-bad-exit", "--label"))) or "none"
+
+
+def slurm_seconds(limit: str) -> int | None:
+    """A Slurm time limit in seconds (minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+    days-hours:minutes, days-hours:minutes:seconds); None for no limit or one not written so."""
+    days, _, rest = limit.rpartition("-") if "-" in limit else ("0", "", limit)
+    parts = rest.split(":")
+    if not (days.isdigit() and all(part.isdigit() for part in parts)) or len(parts) > 3:
+        return None
+    numbers = [int(part) for part in parts]
+    if "-" in limit:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = (numbers + [0, 0])[:3]
+    elif len(numbers) == 3:
+        hours, minutes, seconds = numbers
+    else:  # minutes[:seconds]
+        hours, minutes, seconds = 0, numbers[0], numbers[1] if len(numbers) == 2 else 0
+    return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def run_on_slurm(stage: str, params) -> int:
+    """The stage as a Slurm job (srun, one task a node), submitted again after a preemption; its exit code. A job
+    that fails or is stopped ends in one line: what happened first, the checkpoint kept, the way on."""
+    command = srun_command(stage, params)
+    print(f"{stage}: {' '.join(command)}", flush=True)
+    started, log = time.time(), LOGS / f"slurm-{stage}.log"
+    log.unlink(missing_ok=True)
+    while True:
+        try:
+            returncode, failed = run_srun(command, job_name(stage), stage, log)
+        except LaunchError as exc:
+            raise SystemExit(f"{stage}: {exc}") from None
+        kept = kept_checkpoint(started)
+        if not (failed and failed.preempted):
+            break
+        print("\n" + failed.resubmitted(kept), file=sys.stderr, flush=True)
+    if failed:
+        line = failed.verdict(kept, params.launch.slurm.time) + f" (every node's output: {log})"
+        print("\n" + line, file=sys.stderr, flush=True)
+    elif returncode > 128:  # cancelled on a signal to this process: the job's processes got SIGTERM
+        print("\n" + stop_line(stage, returncode - 128, kept), file=sys.stderr, flush=True)
+    return returncode
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -258,16 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     elif params.launch.launcher == "local":
         command = local_command(stage, params)
     else:
-        command = srun_command(stage, params)
-        print(f"{stage}: {' '.join(command)}", flush=True)
-        started = time.time()
-        try:
-            returncode = run_srun(command, job_name(stage))
-        except LaunchError as exc:
-            raise SystemExit(f"{stage}: {exc}") from None
-        if returncode > 128:  # cancelled on a signal to this process: the job's processes got SIGTERM
-            print("\n" + stop_line(stage, returncode - 128, kept_checkpoint(started)), file=sys.stderr, flush=True)
-        sys.exit(returncode)
+        sys.exit(run_on_slurm(stage, params))
     if command[:2] == ["accelerate", "launch"]:  # accelerate in this process: a stop by a signal ends in one line
         if (config := in_launcher_config(stage, params, command)) is not None:
             stage_launch.run_here(command[2:], stage, bool(config.get("use_cpu")))

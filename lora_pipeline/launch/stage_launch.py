@@ -19,15 +19,18 @@ from lora_pipeline.launch.checkpoints import kept_checkpoint, stop_line
 def stopping_signal(error: BaseException) -> int | None:
     """The signal that stopped a stage's process, from what accelerate's launcher raised, or None: a process that
     exited by itself has said why. The one-process launcher raises CalledProcessError (a negative return code: the
-    signal); the multi-process one (torch's elastic agent) ChildFailedError (a worker's negative exit code), or
-    SignalException when the launcher itself got the signal."""
+    signal); the multi-process one (torch's elastic agent) ChildFailedError (a worker's negative exit code, or 128 +
+    the signal a worker stopped on, as train exits after saving), or SignalException when the launcher itself got the
+    signal."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     if isinstance(error, subprocess.CalledProcessError):
         return -error.returncode if error.returncode < 0 else None
     if isinstance(error, ChildFailedError):
-        return next((-failure.exitcode for failure in error.failures.values() if failure.exitcode < 0), None)
+        codes = [failure.exitcode for failure in error.failures.values()]
+        return next((-code for code in codes if code < 0), None) or next(
+            (code - 128 for code in codes if 128 < code < 128 + signal.NSIG), None)
     if isinstance(error, SignalException):
         return int(error.sigval)
     return None

@@ -175,7 +175,8 @@ def test_an_unknown_partition_is_refused_before_any_stage_runs(slurm_repo):
 
 
 def test_validate_asks_slurm_whether_it_would_run_each_job(slurm_cluster, monkeypatch):
-    """srun --test-only: a job that asks for more nodes than the cluster has is refused with Slurm's reason."""
+    """srun --test-only: a job that asks for more nodes than the cluster has, or than are up, is refused with Slurm's
+    reason, and the nodes that cannot take it are named with theirs."""
     from helpers import shipped
     from lora_pipeline.validation.checks import validate_all
     from lora_pipeline.config.params import ParamsError
@@ -185,6 +186,15 @@ def test_validate_asks_slurm_whether_it_would_run_each_job(slurm_cluster, monkey
     with pytest.raises(ParamsError, match=r"launch.slurm: Slurm refuses evaluate_base's job \(--nodes=3 .*\): "
                                           r"Requested node configuration is not available"):
         validate_all(shipped(**TWO_NODES, **{"eval.nodes": 3}))
+    run(["scontrol", "update", "nodename=n2", "state=drain", "reason=disk failed"], ROOT)
+    try:
+        with pytest.raises(ParamsError, match=r"launch.slurm: Slurm refuses train's job \(--nodes=2 .*\): Requested "
+                                              r"node configuration is not available; nodes that cannot take jobs now: "
+                                              r"n2 \(drained: disk failed\)"):
+            validate_all(shipped(**TWO_NODES))
+        validate_all(shipped(**{"launch.launcher": "slurm"}))  # one node is enough for one
+    finally:
+        run(["scontrol", "update", "nodename=n2", "state=resume"], ROOT)
 
 
 def checkpoint_steps(repo: Path) -> list[int]:
@@ -268,6 +278,93 @@ def test_a_cancelled_job_resumes_and_sigterm_of_dvc_leaves_no_job(slurm_cluster,
     output = run(["dvc", "repro", "--no-run-cache", "train"], repo)
     assert f"checkpoint-{stopped_at}" in output and "resuming from" in output
     assert json.loads((repo / "metrics/train.json").read_text())["steps"] == steps
+    run(["git", "checkout", "params.yaml", "dvc.lock"], repo)
+
+
+def training_on(node: str, training: list[psutil.Process]) -> psutil.Process:
+    """The training process that Slurm started on `node` (SLURMD_NODENAME in its environment)."""
+    return next(process for process in training if process.environ().get("SLURMD_NODENAME") == node)
+
+
+def stop_step(output: str) -> int:
+    """The step that a stop line of the training's own names (`train stopped by SIGUSR1 (signal 10) at step 52`)."""
+    return int(re.findall(r"train stopped by SIG\w+ \(signal \d+\) at step (\d+)", output)[-1])
+
+
+def test_a_lost_node_ends_in_one_line_and_a_job_at_its_time_limit_keeps_the_step_it_reached(slurm_cluster, slurm_repo):
+    """SIGKILL to node n2's training process (a lost node, an out-of-memory kill): one line names the node, the task
+    and the signal, no traceback of the rank stopped because of it reaches the terminal, the checkpoint is kept. The
+    next run resumes from it until Slurm's signal ahead of the time limit (launch.slurm.time 2, save_before_limit
+    60): every process saves the step it is at and the stage ends in one line; the run after resumes from that step."""
+    repo = slurm_repo
+    set_params(repo, **TWO_NODES, **{"train.sft.max_steps": 100000, "train.checkpoint_steps": 10, "lora.r": 6,
+                                     "launch.slurm.time": "2", "launch.slurm.save_before_limit": 60})
+    proc = start_train(repo)
+    training = suspended_training(repo, proc)
+    run_training_until(lambda: checkpoint_steps(repo), training, proc, "a checkpoint")
+    training_on("n2", training).kill()
+    for process in training:
+        process.resume()
+    output = finished(proc)
+    assert proc.returncode != 0
+    kept = checkpoint_steps(repo)[-1]
+    lines = [line for line in output.splitlines() if line.startswith("train: ")]
+    assert lines[1:] == [f"train: task 1 on node n2 failed first: its train process ended by SIGKILL (signal 9); "
+                         f"Slurm ended the job's other tasks; kept: checkpoint {checkpoint_dir(repo, kept)} (step "
+                         f"{kept}); `dvc repro` resumes from it (every node's output: logs/slurm-train.log)"], output
+    assert "Traceback" not in output and "stopped by" not in output, output[-3000:]
+    assert "Traceback" in (repo / "logs/slurm-train.log").read_text()  # rank 0's lost connection: in the log
+    assert wait_until_queue_empty() == []
+
+    resumed_from = checkpoint_dir(repo, kept)  # set aside once newer ones are saved
+    proc = start_train(repo)  # resumes, then Slurm's SIGUSR1 a minute ahead of the limit
+    output = finished(proc)
+    assert proc.returncode != 0 and f"resuming from {resumed_from}" in output, output[-3000:]
+    saved = stop_step((repo / "logs/slurm-train.log").read_text())
+    assert saved > kept and checkpoint_steps(repo)[-1] == saved
+    assert "train: the Slurm job reached its time limit (launch.slurm.time 2)" in output
+    assert f"kept: checkpoint {checkpoint_dir(repo, saved)} (step {saved}); `dvc repro` resumes" in output
+    assert "Traceback" not in output
+    assert wait_until_queue_empty() == []
+
+    proc = start_train(repo)
+    while f"resuming from {checkpoint_dir(repo, saved)}" not in output_of(proc):
+        assert proc.poll() is None, output_of(proc)[-3000:]
+        time.sleep(1)
+    proc.send_signal(signal.SIGTERM)  # to DVC alone: the launch cancels the job
+    finished(proc)
+    run(["git", "checkout", "params.yaml", "dvc.lock"], repo)
+
+
+def checkpoint_dir(repo: Path, step: int) -> Path:
+    """The checkpoint of `step`, as the stage names it (relative to the repository)."""
+    return next(repo.glob(f"checkpoints/train-*/checkpoint-{step}")).relative_to(repo)
+
+
+def test_a_preempted_job_is_submitted_again_and_resumes_in_the_same_stage_run(slurm_cluster, slurm_repo):
+    """A job of the urgent partition preempts the training's (the test cluster's PreemptMode REQUEUE: Slurm requeues
+    batch jobs only, and srun's job is cancelled): the processes save on SIGTERM within the grace time, the launch
+    says so in a line, submits the job again, and it resumes from that checkpoint and trains to the end, all in one
+    `dvc repro`."""
+    repo, steps = slurm_repo, 40
+    set_params(repo, **TWO_NODES, **{"train.sft.max_steps": steps, "train.checkpoint_steps": 10, "lora.r": 5})
+    proc = start_train(repo)
+    training = suspended_training(repo, proc)
+    run_training_until(lambda: checkpoint_steps(repo), training, proc, "a checkpoint")
+    urgent = start(["srun", "--partition=urgent", "--nodes=2", "--job-name=urgent", "true"], repo)
+    while not any(line.split()[1] == "urgent" for line in queue()):
+        time.sleep(0.2)
+    for process in training:
+        process.resume()
+    output = finished(proc)
+    assert proc.returncode == 0 and finished(urgent) is not None and urgent.returncode == 0, output[-3000:]
+    resumed = re.search(r"train: Slurm preempted the job; kept: checkpoint (\S+); it resumes from there; submitted "
+                        r"again", output)
+    assert resumed, output[-3000:]
+    assert f"resuming from {resumed.group(1)}" in output
+    assert json.loads((repo / "metrics/train.json").read_text())["steps"] == steps
+    assert "Traceback" not in output
+    assert [job["JobState"] for job in finished_jobs(slurm_cluster)[-3:]] == ["FAILED", "COMPLETED", "COMPLETED"]
     run(["git", "checkout", "params.yaml", "dvc.lock"], repo)
 
 

@@ -49,7 +49,7 @@ start() {
     pid_alive "$STATE/slurmd-$node.pid" || slurmd -f "$CONF" -N "$node"
   done
   for _ in $(seq 60); do  # both nodes idle: ready for jobs
-    [ "$(sinfo -h -N -o '%t' 2>/dev/null | grep -c '^idle')" = 2 ] && return 0
+    [ "$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u | grep -c ' idle$')" = 2 ] && return 0
     sleep 1
   done
   echo "the test cluster did not come up; sinfo:" >&2

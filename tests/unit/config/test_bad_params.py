@@ -147,6 +147,9 @@ BAD = [
          "8 GPUs per node, but train.accelerate_config cpu starts 1 process per node"),
     case({"launch.launcher": "slurm", "launch.slurm.gpus_per_node": 2, "train.accelerate_config": "multi_gpu_2",
           "eval.accelerate_config": "cpu"}, "launch.slurm.gpus_per_node", "eval.accelerate_config cpu starts 1"),
+    case({"launch.launcher": "slurm", "launch.slurm.time": "5"}, "launch.slurm.save_before_limit",
+         "300 s is not less than launch.slurm.time 5 (300 s)"),
+    case({"launch.slurm.save_before_limit": -1}, "launch.slurm.save_before_limit", "(got -1)"),
     case({"launch.launcher": "pbs"}, "launch.launcher", "'pbs'"),
     case({"train.nodes": 0}, "train.nodes", "(got 0)"),
 ]
