@@ -13,10 +13,11 @@ from lora_pipeline.config.cache import cached
 from lora_pipeline.config.outputs import HELD_OUT_GATE, REASONING_FIGURES, gate
 from lora_pipeline.config.params import Params, ParamsError, ROOT, for_stage, validate
 from lora_pipeline.data.formats import Converter, FormatError, check_format
-from lora_pipeline.data.local import check_data, local_objects, local_rows
-from lora_pipeline.data.splitting import split_problem
+from lora_pipeline.data.local import check_data, check_text_only, local_objects, local_rows
+from lora_pipeline.data.splitting import split_problem, too_few_rows
 from lora_pipeline.evaluate.checks import check_eval, check_gate_metric, check_register
 from lora_pipeline.evaluate.scoring import asks_reasoning_language
+from lora_pipeline.evaluate.task import gate_needs, row_yields
 from lora_pipeline.launch.launcher import check_launch
 from lora_pipeline.launch.machine import check_eval_launch, check_machine, distributed_type
 from lora_pipeline.model.checks import (check_base_model, check_model, check_packed_experts, check_quantization,
@@ -36,6 +37,7 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
     checks = [
         lambda: check_data(view.data),
         lambda: check_format(view.data),
+        lambda: check_text_only(view.data),
         lambda: check_split(view.data, view.split),
         lambda: check_model(view.model),
         lambda: check_tiny(view.model),
@@ -68,16 +70,32 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
 
 def check_gate_data(register, data) -> None:
     """A reasoning figure (compliance, the final answer's language, the built-in accuracy) gates only data whose rows
-    ask for a reasoning language; a local file is read to know it (a Hub data set is known only once fetched)."""
+    ask for a reasoning language; a task or tool-call figure only data with a row asked as it asks that yields it
+    (evaluate.task.gate_needs), which the built-in rows never are. A local file is read to know it (a Hub data set is
+    known only once fetched)."""
     metric, _ = gate(register, data.source)
     if metric.startswith(REASONING_FIGURES) and data.source == "local" and not local_rows_ask_reasoning(data):
         raise ValueError(f"register.gate_metric: '{metric}' needs rows that ask for a reasoning language, and no row "
                          f"of {data.name} does; gate on the held-out loss ({HELD_OUT_GATE}, or auto)")
+    if need := gate_needs(metric):
+        group, words = need
+        if data.source == "builtin" or (data.source == "local" and not local_rows_any(
+                data, lambda row: not asks_reasoning_language(row) and group in row_yields(row))):
+            where = "the built-in set (each asks for a reasoning language)" if data.source == "builtin" else data.name
+            raise ValueError(f"register.gate_metric: '{metric}' needs a row that asks no reasoning language with "
+                             f"{words}, and no row of {where} has one; gate on a figure this data yields, e.g. "
+                             f"the held-out loss ({HELD_OUT_GATE}, or auto)")
 
 
 def local_rows_ask_reasoning(data) -> bool:
     """Whether a row of the local data file asks for a reasoning language (True where the file cannot be read:
     check_data or fetch names why)."""
+    return local_rows_any(data, asks_reasoning_language)
+
+
+def local_rows_any(data, test) -> bool:
+    """Whether a row of the local data file, as fetch converts it, passes `test` (True where the file or a row cannot
+    be read: check_data or fetch names why)."""
     rows = local_objects(Path(data.name)) if local_file_ok(data) else None
     if rows is None:
         return True
@@ -87,7 +105,7 @@ def local_rows_ask_reasoning(data) -> bool:
             converted, _ = converter.convert(number, row, text_cells=Path(data.name).suffix in (".csv", ".tsv"))
         except FormatError:
             return True  # fetch names the row
-        if isinstance(converted, dict) and asks_reasoning_language(converted):
+        if isinstance(converted, dict) and test(converted):
             return True
     return False
 
@@ -115,12 +133,22 @@ def local_file_ok(data) -> bool:
 
 
 def check_split(data, split) -> None:
+    """The split's rule against the most rows fetch can yield; an empty file, or too few rows for any
+    split.test_size, is named as such."""
+    if data.source == "local" and local_file_ok(data) and local_rows(Path(data.name)) == 0:
+        empty = "is empty" if not Path(data.name).read_bytes().strip() else "holds no rows"
+        raise ValueError(f"data.name: {data.name} {empty}; put the data set's rows in it")
     bound = most_rows(data)
     if bound is None:  # a Hub data set of unknown size: only a row count below the least can be refused now
         if split.test_size >= 1 and (problem := split_problem(int(split.test_size) + 1, split.test_size)):
             raise ValueError(problem)
         return
     rows, what = bound
+    if few := too_few_rows(rows, split.test_size):
+        plural = "" if rows == 1 else "s"
+        if what == "data.max_rows":
+            raise ValueError(f"data.max_rows: {rows} keeps {rows} row{plural}; {few}")
+        raise ValueError(f"data.name: {data.name} holds {rows} row{plural}; {few}: add rows")
     if problem := split_problem(rows, split.test_size, f"at most {rows} ({what})"):
         raise ValueError(problem)
 

@@ -1,8 +1,8 @@
 """The data users bring, through `dvc repro`: a file in each public format (written here in the shape of the peer
 projects' example files: TRL's guide, LLaMA-Factory's data/ folder, axolotl's fixtures, the OpenAI chat API) is
 fetched and split as its authors mean it; preference rows are refused or read for their chosen answers alone; a
-tool-calling file trains with its tools in the chat template; an Alpaca file trains and registers, gated on the
-held-out loss."""
+tool-calling file trains with its tools in the chat template and both models' calls are scored against the held-out
+ones; an Alpaca file trains and registers, gated on its held-out answers against their references."""
 import json
 import subprocess
 
@@ -46,12 +46,16 @@ FILES = {
         {"role": "user", "content": [{"type": "text", "text": f"Name a fact about {CITIES[i]}."}]},
         {"role": "assistant", "content": [{"type": "text", "text": f"{CITIES[i]} is a capital city."}]}]},
         {}, "messages"),
-    "openai tool calls": ("openai_tools.jsonl", lambda i: {"messages": [
+    # TRL's dataset_formats.md and OpenAI's function-calling guide: no content key on the calling turn, an id on the
+    # call, arguments an object (TRL) or JSON text (OpenAI), tool_call_id and name on the tool turn
+    "trl tool calls": ("trl_tool_calls.jsonl", lambda i: {"messages": [
         {"role": "user", "content": f"Weather in {CITIES[i]}?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": "get_weather", "arguments": json.dumps({"city": CITIES[i]})}}]},
-        {"role": "tool", "tool_call_id": f"call_{i}", "content": json.dumps({"temperature": 10 + i})},
+        {"role": "assistant", "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {
+                "name": "get_weather",
+                "arguments": json.dumps({"city": CITIES[i]}) if i % 2 else {"city": CITIES[i]}}}]},
+        {"role": "tool", "tool_call_id": f"call_{i}", "name": "get_weather",
+         "content": json.dumps({"temperature": 10 + i})},
         {"role": "assistant", "content": f"{10 + i} degrees."}], "tools": [{"type": "function", "function": WEATHER}]},
         {}, "messages"),
     "trl prompt-completion": ("trl_prompt_completion.jsonl", lambda i: {
@@ -142,12 +146,16 @@ def check_fetched_and_split(repo, case: str, written: list[dict]):
     elif case == "content parts":
         assert all(isinstance(m["content"], str) for r in split for m in r["messages"])
         assert "Paris is a capital city." in text
-    elif case in ("openai tool calls", "sharegpt tools"):
+    elif case in ("trl tool calls", "sharegpt tools"):
         assert all(r["tools"] == [{"type": "function", "function": WEATHER}] for r in split)
         calls = [m for r in split for m in r["messages"] if m.get("tool_calls")]
         assert len(calls) == N and all(m["content"] is None for m in calls)
         assert {json.loads(m["tool_calls"][0]["function"]["arguments"])["city"] for m in calls} == set(CITIES)
         assert sum(m["role"] == "tool" for r in split for m in r["messages"]) == N
+        if case == "trl tool calls":  # the ids that pair each call with its tool turn, and the tool's name, kept
+            for row in split:
+                call, tool = row["messages"][1:3]
+                assert call["tool_calls"][0]["id"] == tool["tool_call_id"] and tool["name"] == "get_weather"
     elif case == "alpaca history":
         assert all([m["role"] for m in r["messages"]] == ["system", "user", "assistant", "user", "assistant"]
                    for r in split)
@@ -167,6 +175,32 @@ def test_preference_data_is_refused_naming_the_way_on(repo):
                 f"preferences; data.preference: chosen_only trains on {answers} only") in output, output
 
 
+def test_a_text_file_is_a_row_a_line_and_a_repeated_line_is_dropped(repo):
+    """LLaMA-Factory's wiki_demo.txt: one document a line. A repeated line is dropped and counted under the shipped
+    data.bad_rows: fail (data.duplicates: drop)."""
+    lines = [f"{city} is a city of Europe, with a river and a bridge." for city in CITIES]
+    (repo / "data/local/wiki_demo.txt").write_text("\n".join(lines[:5] + ["", lines[0]] + lines[5:]) + "\n")
+    set_params(repo, **{"data.name": "data/local/wiki_demo.txt", "data.bad_rows": "fail", "data.preference": "refuse"})
+    output = run(["dvc", "repro", "fetch"], repo)
+    assert (f"data: {N} rows from local data/local/wiki_demo.txt, format text (detected) -> data/raw (dropped: 1 "
+            "duplicate)") in output, output
+    assert json.loads((repo / "metrics/data.json").read_text()) == {
+        "format": "text", "rows_in": N + 1, "rows_kept": N, "dropped": {"duplicate": 1}}
+    assert read_rows(repo, "data/raw/data.jsonl") == [{"text": line} for line in lines]
+
+
+def test_image_data_is_refused_by_validate_in_one_line(repo):
+    """LLaMA-Factory's mllm_demo.json: an images column, and <image> in the text."""
+    rows = [{"messages": [{"role": "user", "content": f"<image>Who is in {CITIES[i]}?"},
+                          {"role": "assistant", "content": "Two players."}], "images": [f"mllm_demo_data/{i}.jpg"]}
+            for i in range(N)]
+    set_params(repo, **{"data.name": write_file(repo, "mllm_demo.json", rows), "data.preference": "refuse"})
+    output = failed_repro(repo, "fetch")
+    assert ("data.name: data/local/mllm_demo.json row 1: images: a column of image data; the pipeline trains text "
+            "models, not image, audio or video ones: give it rows of text alone") in output, output
+    assert "Running stage 'fetch'" not in output
+
+
 def test_a_link_to_a_file_outside_the_repository_is_refused_by_validate(repo, tmp_path):
     outside = tmp_path / "hostname"
     outside.write_text("a file that is not the repository's\n")
@@ -183,7 +217,8 @@ def test_a_link_to_a_file_outside_the_repository_is_refused_by_validate(repo, tm
 @pytest.mark.xdist_group("user-data-tools")
 def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(own_repo):
     """The glaive-style file trains for a few steps; TRL's own tokenization of its rows (what train ran) holds the
-    function schema, the call and the tool's answer, and trains on the call."""
+    function schema, the call and the tool's answer, and trains on the call; evaluate asks each held-out row up to its
+    call and scores both models' calls against it."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
@@ -191,10 +226,22 @@ def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(own_repo
     from lora_pipeline.model.chat import training_rows
 
     repo = own_repo
-    written = use(repo, "sharegpt tools")
-    run(["dvc", "repro", "train"], repo)
+    written = use(repo, "sharegpt tools", **{"eval.include_base": True})
+    run(["dvc", "repro", "evaluate"], repo)
     check_fetched_and_split(repo, "sharegpt tools", written)
     assert json.loads((repo / "metrics/train.json").read_text())["steps"] == 3
+    evaluated = json.loads((repo / "metrics/eval.json").read_text())
+    for figures in (evaluated, evaluated["base"]):  # every held-out row calls get_weather where it is asked
+        calls = figures["tool_call"]
+        assert calls["questions"] == calls["calls_expected"] == 2 and calls["answers_expected"] == 0, figures
+        assert 0 <= calls["right_call"] <= calls["right_name"] <= 1 and "task" not in figures, figures
+    asked = [r for r in read_rows(repo, "reports/generations.jsonl") if r["set"] == "heldout"]
+    assert [[m["role"] for m in r["prompt"]] for r in asked] == [["system", "user"]] * 2
+    report = (repo / "reports/task.md").read_text()
+    assert "| figure | base | fine-tuned |" in report and "| right call (share) |" in report
+    for row in read_rows(repo, "data/split/test.jsonl"):
+        city = json.loads(row["messages"][2]["tool_calls"][0]["function"]["arguments"])["city"]
+        assert f'get_weather({{"city": "{city}"}})' in report, report
     rows = read_rows(repo, "data/split/train.jsonl")
     tokenizer = AutoTokenizer.from_pretrained(repo / "models/base")
     trainer = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(repo / "models/base"),
@@ -213,7 +260,7 @@ def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(own_repo
 
 
 @pytest.mark.xdist_group("user-data-alpaca")
-def test_an_alpaca_file_trains_and_registers_gated_on_the_held_out_loss(own_repo):
+def test_an_alpaca_file_trains_and_registers_gated_on_its_answers(own_repo):
     repo = own_repo
     # a gate this data cannot measure
     written = use(repo, "alpaca history", **{"register.gate_metric": "eval.compliance.overall"})
@@ -223,15 +270,27 @@ def test_an_alpaca_file_trains_and_registers_gated_on_the_held_out_loss(own_repo
     assert "Running stage 'fetch'" not in output
 
     set_params(repo, **{"register.gate_metric": "auto"})  # as params.yaml ships it: no gate named
-    output = run(["dvc", "repro"], repo)
-    check_fetched_and_split(repo, "alpaca history", written)
+    output = run(["dvc", "repro", "validate"], repo)
     assert ("data: local data/local/alpaca_history.json, not the built-in set: the model will be registered as "
             "'lora-pipeline' (register.model_name), gated on eval.test.loss (lower is better)") in output
+
+    set_params(repo, **{"register.gate_metric": "eval.task.chrf", "eval.include_base": True})
+    output = run(["dvc", "repro"], repo)
+    check_fetched_and_split(repo, "alpaca history", written)
+    assert "gated on eval.task.chrf (higher is better)" in output
     evaluated = json.loads((repo / "metrics/eval.json").read_text())
     assert evaluated["compliance"] == "not applicable: no held-out row asks for a reasoning language"
+    for figures in (evaluated, evaluated["base"]):  # the answers against the held-out rows' last turns
+        task = figures["task"]
+        assert task["questions"] == 2 and "tool_call" not in figures, figures
+        assert 0 <= task["exact_match"] <= 1 and 0 <= task["rouge_l"] <= 1 and 0 <= task["chrf"] <= 100, figures
+    report = (repo / "reports/task.md").read_text()
+    assert "| figure | base | fine-tuned |" in report and "| chrF (corpus, 0-100) |" in report
+    for row in read_rows(repo, "data/split/test.jsonl"):
+        assert row["messages"][-1]["content"] in report and row["messages"][-2]["content"] in report
     registered = json.loads((repo / "models/registered.json").read_text())
     assert registered["model_name"] == "lora-pipeline" and registered["version"] == 1
-    assert registered["gate"]["metric"] == "eval.test.loss" and registered["gate"]["promote"]
+    assert registered["gate"]["metric"] == "eval.task.chrf" and registered["gate"]["promote"]
     assert "champion" in registered["aliases"]
     import mlflow
     from mlflow import MlflowClient
@@ -239,4 +298,6 @@ def test_an_alpaca_file_trains_and_registers_gated_on_the_held_out_loss(own_repo
     mlflow.set_tracking_uri(f"sqlite:///{repo / 'mlflow.db'}")
     run_data = MlflowClient().get_run(registered["run_id"]).data
     assert run_data.metrics["eval.test.loss"] == evaluated["test"]["loss"]
+    assert run_data.metrics["eval.task.chrf"] == evaluated["task"]["chrf"]
+    assert run_data.metrics["eval.base.task.rouge_l"] == evaluated["base"]["task"]["rouge_l"]
     assert not any(key.startswith("eval.compliance") for key in run_data.metrics)
