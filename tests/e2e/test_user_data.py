@@ -201,6 +201,44 @@ def test_image_data_is_refused_by_validate_in_one_line(repo):
     assert "Running stage 'fetch'" not in output
 
 
+def test_every_file_gets_its_own_answer(repo):
+    """What a user may bring, each through `dvc repro fetch`: an empty file and one of 2 rows are named as such by
+    validate; LLaMA-Factory v1's {type, value} parts are read as text; a file whose every assistant turn has OpenAI's
+    weight 0 is refused; a row of 10 million characters under data.max_chars 0 is fetched (the tiny tokenizer trains
+    on a bounded share of it)."""
+    base = {"data.preference": "refuse", "data.bad_rows": "fail"}
+    (repo / "data/local/empty.jsonl").write_text("\n")
+    set_params(repo, **base, **{"data.name": "data/local/empty.jsonl"})
+    output = failed_repro(repo, "fetch")
+    assert "data.name: data/local/empty.jsonl is empty; put the data set's rows in it" in output, output
+    set_params(repo, **{"data.name": write_file(repo, "two.jsonl", [FILES["trl prompt-completion"][1](i)
+                                                                     for i in range(2)])})
+    output = failed_repro(repo, "fetch")
+    assert ("data.name: data/local/two.jsonl holds 2 rows; the split needs at least 3 rows (2 test rows and one to "
+            "train): add rows") in output, output
+
+    v1 = [{"messages": [{"role": "user", "content": [{"type": "text", "value": f"Name a fact about {city}."}]},
+                        {"role": "assistant", "content": [{"type": "text", "value": f"{city} is a capital city."}]}]}
+          for city in CITIES]
+    set_params(repo, **{"data.name": write_file(repo, "v1_sft_demo.jsonl", v1)})
+    run(["dvc", "repro", "fetch"], repo)
+    assert [row["messages"][1]["content"] for row in read_rows(repo, "data/raw/data.jsonl")] == \
+        [f"{city} is a capital city." for city in CITIES]
+
+    unweighted = [{"messages": [{"role": "user", "content": f"Weather in {city}?"},
+                                {"role": "assistant", "content": "Sunny.", "weight": 0}]} for city in CITIES]
+    set_params(repo, **{"data.name": write_file(repo, "weights.jsonl", unweighted)})
+    output = failed_repro(repo, "fetch")
+    assert ("fetch: data/local/weights.jsonl: no row has a turn left to train: every assistant turn of its 10 rows has "
+            "weight 0") in output, output
+
+    long = [{"text": f"{city} has a river. " * (500_000 if i == 0 else 1)} for i, city in enumerate(CITIES)]
+    set_params(repo, **{"data.name": write_file(repo, "long.jsonl", long), "data.max_chars": 0})
+    run(["dvc", "repro", "fetch"], repo)
+    assert json.loads((repo / "metrics/data.json").read_text())["rows_kept"] == N
+    set_params(repo, **{"data.max_chars": 20000})
+
+
 def test_a_link_to_a_file_outside_the_repository_is_refused_by_validate(repo, tmp_path):
     outside = tmp_path / "hostname"
     outside.write_text("a file that is not the repository's\n")
@@ -216,9 +254,10 @@ def test_a_link_to_a_file_outside_the_repository_is_refused_by_validate(repo, tm
 
 @pytest.mark.xdist_group("user-data-tools")
 def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(own_repo):
-    """The glaive-style file trains for a few steps; TRL's own tokenization of its rows (what train ran) holds the
-    function schema, the call and the tool's answer, and trains on the call; evaluate asks each held-out row up to its
-    call and scores both models' calls against it."""
+    """A file in TRL's exact tool-calling shape (no content key on the calling turn, ids, tool_call_id and name on
+    the tool turn) trains for a few steps; TRL's own tokenization of its rows (what train ran) holds the function
+    schema, the call and the tool's answer, and trains on the call; evaluate asks each held-out row up to its call and
+    scores both models' calls against it."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
@@ -226,9 +265,9 @@ def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(own_repo
     from lora_pipeline.model.chat import training_rows
 
     repo = own_repo
-    written = use(repo, "sharegpt tools", **{"eval.include_base": True})
+    written = use(repo, "trl tool calls", **{"eval.include_base": True})
     run(["dvc", "repro", "evaluate"], repo)
-    check_fetched_and_split(repo, "sharegpt tools", written)
+    check_fetched_and_split(repo, "trl tool calls", written)
     assert json.loads((repo / "metrics/train.json").read_text())["steps"] == 3
     evaluated = json.loads((repo / "metrics/eval.json").read_text())
     for figures in (evaluated, evaluated["base"]):  # every held-out row calls get_weather where it is asked
@@ -236,11 +275,12 @@ def test_a_tool_calling_file_trains_with_its_tools_in_the_chat_template(own_repo
         assert calls["questions"] == calls["calls_expected"] == 2 and calls["answers_expected"] == 0, figures
         assert 0 <= calls["right_call"] <= calls["right_name"] <= 1 and "task" not in figures, figures
     asked = [r for r in read_rows(repo, "reports/generations.jsonl") if r["set"] == "heldout"]
-    assert [[m["role"] for m in r["prompt"]] for r in asked] == [["system", "user"]] * 2
+    assert [[m["role"] for m in r["prompt"]] for r in asked] == [["user"]] * 2
     report = (repo / "reports/task.md").read_text()
     assert "| figure | base | fine-tuned |" in report and "| right call (share) |" in report
     for row in read_rows(repo, "data/split/test.jsonl"):
-        city = json.loads(row["messages"][2]["tool_calls"][0]["function"]["arguments"])["city"]
+        call = next(m for m in row["messages"] if m.get("tool_calls"))["tool_calls"][0]
+        city = json.loads(call["function"]["arguments"])["city"]
         assert f'get_weather({{"city": "{city}"}})' in report, report
     rows = read_rows(repo, "data/split/train.jsonl")
     tokenizer = AutoTokenizer.from_pretrained(repo / "models/base")
