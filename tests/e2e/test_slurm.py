@@ -354,7 +354,10 @@ def test_a_preempted_job_is_submitted_again_and_resumes_in_the_same_stage_run(sl
     urgent = start(["srun", "--partition=urgent", "--nodes=2", "--job-name=urgent", "true"], repo)
     while not any(line.split()[1] == "urgent" for line in queue()):
         time.sleep(0.2)
-    for process in training:  # Slurm's preemption may have woken and ended them already (SIGCONT, SIGTERM)
+    # Left suspended: Slurm's preemption wakes them (SIGCONT, then SIGTERM) when its scheduler next runs; resumed
+    # earlier, a fast machine would train to the end before it
+    _, alive = psutil.wait_procs(training, timeout=300)
+    for process in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.resume()
     output = finished(proc)
