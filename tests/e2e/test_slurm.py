@@ -297,6 +297,7 @@ def test_a_lost_node_ends_in_one_line_and_a_job_at_its_time_limit_keeps_the_step
     next run resumes from it until Slurm's signal ahead of the time limit (launch.slurm.time 2, save_before_limit
     60): every process saves the step it is at and the stage ends in one line; the run after resumes from that step."""
     repo = slurm_repo
+    shutil.rmtree(repo / "checkpoints", ignore_errors=True)  # an earlier test's stopped run: not this one's checkpoint
     set_params(repo, **TWO_NODES, **{"train.sft.max_steps": 100000, "train.checkpoint_steps": 10, "lora.r": 6,
                                      "launch.slurm.time": "2", "launch.slurm.save_before_limit": 60})
     proc = start_train(repo)
@@ -347,6 +348,7 @@ def test_a_preempted_job_is_submitted_again_and_resumes_in_the_same_stage_run(sl
     says so in a line, submits the job again, and it resumes from that checkpoint and trains to the end, all in one
     `dvc repro`."""
     repo, steps = slurm_repo, 40
+    shutil.rmtree(repo / "checkpoints", ignore_errors=True)  # an earlier test's stopped run: not this one's checkpoint
     set_params(repo, **TWO_NODES, **{"train.sft.max_steps": steps, "train.checkpoint_steps": 10, "lora.r": 5})
     proc = start_train(repo)
     training = suspended_training(repo, proc)
