@@ -188,21 +188,27 @@ def test_the_report_shows_the_reference_beside_both_answers():
     assert "| figure | fine-tuned |" in alone and "\nbase (" not in alone
 
 
-def test_the_stage_asks_tool_rows_with_their_tools_up_to_the_first_call(monkeypatch):
+def evaluate_stage(monkeypatch, generate):
+    """stages.evaluate and the shipped eval params, with no model: the held-out loss and the implementations stubbed,
+    `generate` in place of the decoding."""
     with patch.dict(os.environ):  # importing the stages pins the CPU numerics in os.environ
         from stages import evaluate
-    ev = Eval.model_validate(yaml.safe_load((ROOT / "params.yaml").read_text())["eval"])
-    asked = {}
     monkeypatch.setattr(evaluate, "heldout_loss", lambda *args, **kwargs: loss_figures(1.0, 4))
     monkeypatch.setattr(evaluate, "use_for_loss", lambda model: {"attention": "sdpa"})
     monkeypatch.setattr(evaluate, "use_for_generation",
                         lambda model, decode_step: {"attention": "sdpa", "decode_step": decode_step})
+    monkeypatch.setattr(evaluate, "generate", generate)
+    return evaluate, Eval.model_validate(yaml.safe_load((ROOT / "params.yaml").read_text())["eval"])
+
+
+def test_the_stage_asks_tool_rows_with_their_tools_up_to_the_first_call(monkeypatch):
+    asked = {}
 
     def generate(model, tokenizer, conversations, *args, tools=None):
         asked.update(conversations=conversations, tools=tools)
         return [qwen_call("get_weather", {"city": "Paris"}), "Paris"] + ["x"] * (len(conversations) - 2)
 
-    monkeypatch.setattr(evaluate, "generate", generate)
+    evaluate, ev = evaluate_stage(monkeypatch, generate)
     plain = {"messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris"}]}
     metrics, records, _ = evaluate.evaluate(SimpleNamespace(), None, ev, [], [tool_row(), plain])
     assert [m["role"] for m in asked["conversations"][0]] == ["user"]  # stopped before the call
@@ -217,16 +223,9 @@ def test_the_built_in_rows_are_asked_and_recorded_as_before(monkeypatch):
     reference, and metrics/eval.json no task or tool-call figure (its bytes stay those committed)."""
     from lora_pipeline.data.builtin import generate as builtin_rows
 
-    with patch.dict(os.environ):
-        from stages import evaluate
-    ev = Eval.model_validate(yaml.safe_load((ROOT / "params.yaml").read_text())["eval"])
     asked = {}
-    monkeypatch.setattr(evaluate, "heldout_loss", lambda *args, **kwargs: loss_figures(1.0, 4))
-    monkeypatch.setattr(evaluate, "use_for_loss", lambda model: {"attention": "sdpa"})
-    monkeypatch.setattr(evaluate, "use_for_generation",
-                        lambda model, decode_step: {"attention": "sdpa", "decode_step": decode_step})
-    monkeypatch.setattr(evaluate, "generate", lambda model, tokenizer, conversations, *args, tools=None:
-                        asked.update(tools=tools) or ["<think>\nx\n</think>\n7"] * len(conversations))
+    evaluate, ev = evaluate_stage(monkeypatch, lambda model, tokenizer, conversations, *args, tools=None:
+                                  asked.update(tools=tools) or ["<think>\nx\n</think>\n7"] * len(conversations))
     metrics, records, _ = evaluate.evaluate(SimpleNamespace(), None, ev, [], builtin_rows(4, seed=0))
     assert asked["tools"] is None and not {"task", "tool_call"} & set(metrics)
     assert {key for r in records for key in r} == {"set", "reasoning_language", "question", "generated",
