@@ -60,15 +60,18 @@ class StepOutput:
         (its traceback), none where a signal or Slurm ended it."""
         if self.failed is None or self._how_failed()[1]:
             return []
-        task = self.failed[1].split(",")[0].split("-")[0]
-        return [line for line in self.held.get(task, []) if not _STOP_LINE.search(line)]
+        return [line for line in self.held.get(self._first_failed_task(), []) if not _STOP_LINE.search(line)]
+
+    def _first_failed_task(self) -> str:
+        """The first task of srun's report of the failed ones ("1", "0-1" or "0,2"), as its lines are labelled."""
+        return re.split(r"[,-]", self.failed[1])[0]
 
     def _how_failed(self) -> tuple[str, bool]:
         """(what ended the first failed task, whether a signal or Slurm did rather than an error of its own)."""
-        node, task, said = self.failed
+        said = self.failed[2]
         if self.out_of_memory:
             return "out of memory (Slurm's oom-kill)", True
-        signum = self.stop_signals.get(task.split(",")[0].split("-")[0])
+        signum = self.stop_signals.get(self._first_failed_task())
         code = re.search(r"exit code (\d+)", said)
         killed = re.search(r"[Kk]illed by signal (\d+)", said)
         if killed:
