@@ -9,12 +9,13 @@ The new version gets the alias `candidate`; it becomes `champion` only if regist
 data's compliance, other data's held-out loss) beats the current champion's. Outputs already logged (same md5s in
 dvc.lock) log nothing; a new run whose model is already registered (e.g. only eval params changed) logs its run and
 links the existing version. An unreachable
-server fails the stage in bounded time with one line, models/registered.json untouched (persist in dvc.yaml).
-models/registered.json describes this machine's store: it is in neither git nor a DVC remote, so in a clone, where
-it is missing, `dvc repro` runs this stage, which registers the model in the clone's own store.
+server fails the stage in bounded time with one line, models/registered.json untouched.
+It writes models/registered.json (this machine's store: version, aliases, run), which no stage declares, then its
+DVC output models/registration.json (the model, pipeline run and gate figure: the same on every machine, so
+dvc.lock records no machine's run). Neither is in git or a DVC remote, so in a clone, where the output is missing,
+`dvc repro` runs this stage, which registers the model in the clone's own store.
 """
 import os
-from pathlib import Path
 
 # Everything registered is on disk; offline, MLflow does not wait on the Hub for a model card it cannot use.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,15 +24,14 @@ from lora_pipeline.config.outputs import gate, write_json
 from lora_pipeline.config.params import ROOT, load_params
 from lora_pipeline.registry import register
 
-OUT = Path("models/registered.json")
-
 
 def main():
     params = load_params("register")
     metrics = register.stage_metrics(gate(params.register, params.data.source)[0])
-    registered = register.register_pipeline_run(params, metrics, ROOT, OUT)
-    write_json(OUT, registered)
-    print(OUT.read_text())
+    registration, record = register.register_pipeline_run(params, metrics, ROOT)
+    write_json(register.RECORD, record)
+    write_json(register.REGISTRATION, registration)
+    print(register.RECORD.read_text())
 
 
 if __name__ == "__main__":

@@ -16,18 +16,23 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from lora_pipeline.config import dvcfiles
-from lora_pipeline.registry import serving
 from lora_pipeline.train import tracking
 from lora_pipeline.config.outputs import METRICS, gate
 from lora_pipeline.config.params import flat_keys
 from lora_pipeline.registry.mlflow_names import CANDIDATE, CHAMPION, name_filter
 
+# What the register stage writes. REGISTRATION, its one DVC output: what it registered (model, pipeline run, gate
+# figure), the same bytes on every machine that registers the same outputs, so dvc.lock, in git, holds nothing of one
+# machine's store. RECORD: the version, aliases, run and store it registered in on this machine, declared by no stage.
+# Neither is in git or a DVC remote: a clone lacks REGISTRATION, so its `dvc repro` registers in its own store.
+STAGE, REGISTRATION, RECORD = "register", Path("models/registration.json"), Path("models/registered.json")
+
 
 def lock_provenance(root: Path) -> tuple[dict, dict]:
-    """(md5 of every stage output, params every stage ran with), both as recorded in dvc.lock."""
+    """(md5 of every stage output but register's own, params every stage ran with), both as recorded in dvc.lock."""
     md5s, params = {}, {}
-    for stage in dvcfiles.locked(root).values():
-        for out in stage.get("outs", []):
+    for name, stage in dvcfiles.locked(root).items():
+        for out in stage.get("outs", []) if name != STAGE else []:
             md5s[out["path"]] = out.get("md5", "")
         for values in stage.get("params", {}).values():
             params.update(flat_keys(values))
@@ -190,6 +195,8 @@ def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_
         decision = {"promote": False, "reason": f"model already registered as v{version.version}"}
     else:  # a new model, or one whose registration was interrupted before its aliases were set
         if version is None:
+            from lora_pipeline.registry import serving  # only to log a new model: most re-runs log none
+
             if reg.log_mode == "merged":
                 info = serving.log_merged_model(Path(model_dir), params.model, params.quantization,
                                                 reg.serve_batch_size)
@@ -211,13 +218,13 @@ def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_
     return run.info.run_id, version, decision
 
 
-def register_pipeline_run(params, metrics: dict, root: Path, out: Path) -> dict:
+def register_pipeline_run(params, metrics: dict, root: Path) -> tuple[dict, dict]:
     """This pipeline run logged to MLflow and its model registered, unless a finished run holds it already; an
-    unreachable server stops the stage in bounded time with one line, `out` untouched. -> what `out` records: the
-    version, its aliases, the run, the gate decision"""
+    unreachable server stops the stage in bounded time with one line, RECORD untouched. -> (what REGISTRATION
+    holds: the model, the pipeline run, the gate figure; what RECORD holds: the version, its aliases, the run, the
+    store, the gate decision)"""
     reg = params.register
     md5s, run_params = lock_provenance(root)
-    md5s.pop(str(out), None)
     model_dir = "models/merged" if reg.log_mode == "merged" else "models/adapter"
     # This pipeline run: every output it produced, and how it is to be registered.
     pipeline_md5 = hashlib.md5(json.dumps([md5s, reg.dump()], sort_keys=True).encode()).hexdigest()
@@ -239,7 +246,7 @@ def register_pipeline_run(params, metrics: dict, root: Path, out: Path) -> dict:
         aliases = client.get_model_version(reg.model_name, version.version).aliases
     except Exception as exc:
         reason, retries = tracking.unreachable(exc), os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
-        kept = f"{out} left as it was" if out.exists() else f"nothing registered yet (no {out})"
+        kept = f"{RECORD} left as it was" if RECORD.exists() else f"nothing registered yet (no {RECORD})"
         tracking.end_run_failed()
         if reason is None:
             raise
@@ -248,7 +255,11 @@ def register_pipeline_run(params, metrics: dict, root: Path, out: Path) -> dict:
             f"{retries} retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES, "
             f"_BACKOFF_FACTOR, _TIMEOUT set the bound); {kept}, re-run when the server is back") from None
 
-    return {"model_name": reg.model_name, "version": int(version.version),
-            "model_uri": f"models:/{reg.model_name}/{version.version}", "aliases": sorted(aliases),
-            "run_id": run_id, "tracking_uri": tracking.portable_uri(uri, root),
-            "model_md5": md5s.get(model_dir, ""), "gate": decision}
+    metric, greater_is_better = gate(reg, params.data.source)
+    registration = {"model_name": reg.model_name, "model_md5": md5s.get(model_dir, ""), "pipeline_md5": pipeline_md5,
+                    "gate": {"metric": metric, "value": metrics[metric], "greater_is_better": greater_is_better}}
+    record = {"model_name": reg.model_name, "version": int(version.version),
+              "model_uri": f"models:/{reg.model_name}/{version.version}", "aliases": sorted(aliases),
+              "run_id": run_id, "tracking_uri": tracking.portable_uri(uri, root),
+              "model_md5": md5s.get(model_dir, ""), "gate": decision}
+    return registration, record

@@ -134,3 +134,20 @@ def test_adapter_mode_registers_a_pyfunc_that_loads_its_base(repo, tmp_path):
                                          "Anna hat 5 Äpfel.<|im_end|>\n<|im_start|>assistant\n")
     finally:
         (repo / "models/registered.json").write_text(saved)
+
+
+# `python -m stages.register`, then the top-level packages it imported, on one line.
+REGISTER_THEN_IMPORTED = ("import atexit, runpy, sys\n"
+                          "atexit.register(lambda: print('imported:', *sorted({m.split('.')[0] for m in sys.modules})))\n"
+                          "runpy.run_module('stages.register', run_name='__main__', alter_sys=True)")
+
+
+def test_register_imports_no_model_library(pipeline_copy, tmp_path):
+    """register logs and registers the model files as they are on disk: it loads no model, so it imports neither
+    torch nor transformers nor peft (their import alone takes seconds), logging a new model included."""
+    store = f"sqlite:///{tmp_path / 'store.db'}"  # a store of its own: the whole registration, model logged
+    output = run([sys.executable, "-c", REGISTER_THEN_IMPORTED], pipeline_copy, env={"MLFLOW_TRACKING_URI": store})
+    assert "lora-pipeline v1: no champion yet" in output
+    imported = set(re.search(r"^imported: (.*)$", output, re.M).group(1).split())
+    assert "mlflow" in imported
+    assert not imported & {"torch", "transformers", "peft", "trl", "accelerate", "datasets", "bitsandbytes"}

@@ -71,8 +71,10 @@ def queued(repo):
 
 
 def test_a_fresh_clone_pulls_the_pipeline_and_registers_the_model_in_its_own_store(repo, remotes, tmp_path):
-    """models/registered.json describes the MLflow store it was written for, so it is in neither git nor the DVC
-    remote: a clone has none, and its `dvc repro` runs register alone, which registers in the clone's own store."""
+    """models/registered.json describes the MLflow store it was written for, and register's DVC output
+    (models/registration.json) is in neither git nor the DVC remote: a clone has neither, and its `dvc repro` runs
+    register alone, which registers in the clone's own store (another run id) and leaves every tracked file, dvc.lock
+    too, as git has it."""
     import mlflow
 
     repo, _ = repo
@@ -85,6 +87,8 @@ def test_a_fresh_clone_pulls_the_pipeline_and_registers_the_model_in_its_own_sto
     output = run(["dvc", "repro"], clone)
     assert ran_stages(output) == ["register"]
     assert UP_TO_DATE in run(["dvc", "status"], clone)
+    # no tracked file changed but the remote fresh_clone added to .dvc/config
+    assert run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!.dvc/config"], clone) == ""
     head = run(["git", "rev-parse", "HEAD"], repo).strip()
     assert run(["git", "rev-parse", "HEAD"], clone).strip() == head
     for path in ("models/merged/model.safetensors", "models/adapter/adapter_model.safetensors", "data/split/test.jsonl",
