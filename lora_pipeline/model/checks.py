@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
+import json
 import re
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -12,7 +14,9 @@ from pathlib import Path
 
 from lora_pipeline.config import dvcfiles
 from lora_pipeline.config.cache import cached
+from lora_pipeline.config.child import run_apart
 from lora_pipeline.config.dvcfiles import ROOT
+from lora_pipeline.config.gpus import visible_gpus
 
 # Multi-process setups that shard each weight across processes: a bitsandbytes-quantized base is not sharded here.
 SHARDED = {"FSDP", "DEEPSPEED"}
@@ -101,9 +105,36 @@ class ModelLayout:
         return any(".experts." in name for name in self.parameters)
 
 
+def base_config_file(model, root: Path) -> Path | None:
+    """config.json of a local or Hub base model: in the local folder, or for a Hub model in models/base when dvc.lock
+    shows fetch put that very model there; else (or for a tiny model, built from model.tiny) None."""
+    if model.source in TINY_MODEL_TYPES:
+        return None
+    folder = Path(model.name) if model.source == "local" else root / "models" / "base"
+    if model.source == "hub":
+        fetched = dvcfiles.locked_params("fetch", root)
+        if any(fetched.get(f"model.{key}") != getattr(model, key) for key in ("source", "name", "revision")):
+            return None  # models/base holds another model, or none yet
+    return folder / "config.json" if (folder / "config.json").is_file() else None
+
+
+def base_config_json(model, root: Path) -> dict | None:
+    """The base model's config.json as read (without transformers), None for a tiny model or where not known yet."""
+    file = base_config_file(model, root)
+    if file is None:
+        return None
+    try:
+        config = json.loads(file.read_text())
+    except ValueError as exc:
+        raise ValueError(f"model.name: {file} is not a JSON model config ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"model.name: {file} is not a JSON model config (no object at its top)")
+    return config
+
+
 def base_model_config(model, root: Path):
-    """The base model's transformers config, without its weights: built from model.tiny, read from the local
-    folder, or for a Hub model from models/base when dvc.lock shows fetch put that very model there; else None."""
+    """The base model's transformers config, without its weights: built from model.tiny, or read from config.json
+    (base_config_file); else None."""
     from transformers import AutoConfig
 
     if model.source in TINY_MODEL_TYPES:
@@ -113,46 +144,49 @@ def base_model_config(model, root: Path):
             intermediate_size=tiny.intermediate_size, num_hidden_layers=tiny.num_hidden_layers,
             num_attention_heads=tiny.num_attention_heads, num_key_value_heads=tiny.num_key_value_heads,
             num_local_experts=tiny.num_local_experts, num_experts_per_tok=tiny.num_experts_per_tok)
-    folder = Path(model.name) if model.source == "local" else root / "models" / "base"
-    if model.source == "hub":
-        fetched = dvcfiles.locked_params("fetch", root)
-        if any(fetched.get(f"model.{key}") != getattr(model, key) for key in ("source", "name", "revision")):
-            return None  # models/base holds another model, or none yet
-    if not (folder / "config.json").is_file():
-        return None
-    return AutoConfig.from_pretrained(folder, trust_remote_code=model.trust_remote_code)
+    file = base_config_file(model, root)
+    return None if file is None else AutoConfig.from_pretrained(file.parent, trust_remote_code=model.trust_remote_code)
 
 
 def base_model_type(model, root: Path = ROOT) -> str | None:
-    """The base model's model_type (a tiny model's from its source, without transformers), None where not known yet."""
+    """The base model's model_type (a tiny model's from its source, another's from its config.json, without
+    transformers), None where not known yet."""
     if model.source in TINY_MODEL_TYPES:
         return TINY_MODEL_TYPES[model.source]
-    config = base_model_config(model, root)
-    return config.model_type if config is not None else None
+    config = base_config_json(model, root)
+    return config.get("model_type") if config is not None else None
+
+
+def built_layout(model_fields: dict, root: str) -> dict:
+    """ModelLayout's fields for the base model (model_fields: the model section), from its architecture built on the
+    meta device (no memory); run apart from validate (run_apart), which so imports neither torch nor transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lora_pipeline.config.params import Model
+
+    model = Model.model_validate(model_fields)
+    config = base_model_config(model, Path(root))
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code)
+    # Only leaf modules: peft wraps layers (Linear, Embedding, ...), not the blocks that hold them.
+    leaves = [name for name, module in built.named_modules() if not list(module.children())]
+    return dataclasses.asdict(ModelLayout(config.model_type, leaves, [n for n, _ in built.named_parameters()]))
 
 
 def base_model_layout(model, root: Path = ROOT) -> ModelLayout | None:
-    """The base model's module and parameter names, from its architecture built on the meta device (no memory).
-    Importing the architecture's code is slow compared to the rest of validate: the names are cached per config and
-    transformers version (not for remote code, which can change under the same version)."""
-    if model.source in TINY_MODEL_TYPES:  # its config follows from model.tiny, so the key needs no transformers
-        config, described = None, f"{model.source}\n{model.tiny.model_dump_json()}"
+    """The base model's module and parameter names (built_layout, in a child process). Importing the architecture's
+    code takes seconds: the names are cached per config and transformers version (not for remote code, which can
+    change under the same version)."""
+    if model.source in TINY_MODEL_TYPES:  # its config follows from model.tiny
+        described = f"{model.source}\n{model.tiny.model_dump_json()}"
+    elif (file := base_config_file(model, root)) is None:
+        return None
     else:
-        config = base_model_config(model, root)
-        if config is None:
-            return None
-        described = config.to_json_string()
+        described = file.read_text()
 
     def names() -> dict:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        built_from = config or base_model_config(model, root)
-        with torch.device("meta"):
-            built = AutoModelForCausalLM.from_config(built_from, trust_remote_code=model.trust_remote_code)
-        # Only leaf modules: peft wraps layers (Linear, Embedding, ...), not the blocks that hold them.
-        leaves = [name for name, module in built.named_modules() if not list(module.children())]
-        return dataclasses.asdict(ModelLayout(built_from.model_type, leaves, [n for n, _ in built.named_parameters()]))
+        return run_apart(built_layout, model.model_dump(mode="json"), str(root))
 
     key = hashlib.sha256(f"{version('transformers')}\n{described}".encode()).hexdigest()[:20]
     return ModelLayout(**(names() if model.trust_remote_code else cached(f"layout-{key}.json", names)))
@@ -207,7 +241,7 @@ def base_stored_quantization(model, root: Path = ROOT) -> str | None:
     UNKNOWN for a Hub model not fetched yet."""
     if model.source in TINY_MODEL_TYPES:  # fetch writes tiny-gpt-oss in MXFP4, as openai/gpt-oss-20b ships
         return "mxfp4" if model.source == "tiny-gpt-oss" else None
-    config = base_model_config(model, root)
+    config = base_config_json(model, root)
     return UNKNOWN if config is None else stored_quantization(config)
 
 
@@ -219,9 +253,7 @@ def check_quantization(model, quantization, train, distributed: str | None, root
     if stored != UNKNOWN and (problem := method_problem(method, stored)):
         problems.append(f"quantization.method: {problem}")
     if method in BITSANDBYTES:
-        try:
-            import bitsandbytes  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("bitsandbytes") is None:
             problems.append(f"quantization.method: {method} needs the bitsandbytes package, which is not installed "
                             "(pip install -r requirements.txt); allowed here: none, mxfp4-dequantize")
         if distributed in SHARDED:
@@ -259,9 +291,13 @@ def check_packed_experts(model, lora, train, distributed: str | None, root: Path
     stored = base_stored_quantization(model, root)
     problems = packing_problems(base_model_type(model, root), None if stored == UNKNOWN else stored or "none",
                                 lora.target_parameters)
-    if kept and (config := base_model_config(model, root)) is not None and kept > config.num_hidden_layers:
-        problems.append(f"train.experts_kept_16bit: {kept}, but the base model has {config.num_hidden_layers} decoder "
-                        f"layers; allowed: 0 to {config.num_hidden_layers}")
+    if model.source in TINY_MODEL_TYPES:
+        layers = model.tiny.num_hidden_layers
+    else:
+        layers = (base_config_json(model, root) or {}).get("num_hidden_layers")
+    if kept and isinstance(layers, int) and kept > layers:
+        problems.append(f"train.experts_kept_16bit: {kept}, but the base model has {layers} decoder layers; allowed: 0 "
+                        f"to {layers}")
     if distributed in SHARDED:
         problems.append(f"model.experts_implementation: {MXFP4_EXPERTS} with train.accelerate_config "
                         f"{accelerate_config} ({distributed}): the packed experts are buffers, which FSDP and "
@@ -274,8 +310,6 @@ def check_packed_experts(model, lora, train, distributed: str | None, root: Path
 
 def compute_dtype_problem(method: str, compute: str, dtype: str, sft) -> str | None:
     """Why an explicit quantization.compute_dtype makes no sense with these params on this machine, or None."""
-    import torch
-
     if method != "nf4":
         return f" applies to method nf4 only (got method {method}); allowed: auto"
     if sft.bf16 or sft.fp16:
@@ -286,8 +320,9 @@ def compute_dtype_problem(method: str, compute: str, dtype: str, sft) -> str | N
     elif compute == "float16" and dtype == "bfloat16":
         return (" for a bfloat16 model (model.dtype): activations beyond float16's range (65504) overflow; allowed: "
                 "auto, bfloat16, float32")
-    if compute == "bfloat16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-        return f", but this GPU ({torch.cuda.get_device_name()}) has no bfloat16; allowed here: auto, float16, float32"
+    if compute == "bfloat16" and (old := [gpu for gpu in visible_gpus() if not gpu.has_bf16]):
+        return (f", but this GPU ({old[0].name}, compute capability {'.'.join(map(str, old[0].capability))}) has no "
+                "bfloat16, which needs 8.0 or later; allowed here: auto, float16, float32")
     return None
 
 

@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from urllib.parse import urlsplit
 
 from lora_pipeline.config.cache import cached
+from lora_pipeline.config.child import run_apart
 
 # The aliases register sets: a new version is the candidate; the champion only if it beats the last one.
 CANDIDATE, CHAMPION = "candidate", "champion"
@@ -29,15 +30,16 @@ def _is_file_store() -> bool:
     return bool(uri) and urlsplit(uri).scheme in ("", "file")
 
 
-def mlflow_name_problems(register) -> list[str]:
-    """One line per name MLflow would refuse: the key, then MLflow's own message, which names the rule."""
+def mlflow_name_problems(model_name: str, experiment: str) -> list[str]:
+    """One line per name MLflow would refuse (register.model_name, register.experiment, the aliases): the key, then
+    MLflow's own message, which names the rule."""
     from mlflow.exceptions import MlflowException
     from mlflow.store.model_registry import file_store
     from mlflow.utils import validation
 
     model_rule = file_store._validate_model_name if _is_file_store() else validation._validate_model_name
-    checks = [("register.model_name", register.model_name, model_rule),
-              ("register.experiment", register.experiment, validation._validate_experiment_name)]
+    checks = [("register.model_name", model_name, model_rule),
+              ("register.experiment", experiment, validation._validate_experiment_name)]
     for alias in ALIASES:
         checks += [(f"the alias '{alias}' that register sets", alias, rule)
                    for rule in (validation._validate_model_alias_name, validation._validate_model_alias_name_reserved)]
@@ -47,8 +49,8 @@ def mlflow_name_problems(register) -> list[str]:
             rule(name)
         except MlflowException as exc:
             problems.append(f"{key}: {exc.message} (MLflow's own rule, checked before any stage runs)")
-    if "'" in register.model_name and '"' in register.model_name:
-        problems.append(f"register.model_name: {register.model_name!r} holds both quote characters, and MLflow's "
+    if "'" in model_name and '"' in model_name:
+        problems.append(f"register.model_name: {model_name!r} holds both quote characters, and MLflow's "
                         "search filters (which register uses to find its versions) cannot quote such a name")
     return problems
 
@@ -63,9 +65,10 @@ def mlflow_version() -> str:
 
 
 def check_mlflow_names(register) -> None:
-    """mlflow_name_problems, kept per MLflow version, store kind and names (the aliases too): importing MLflow takes
-    most of validate's time, and its verdict on the same names is the same."""
+    """mlflow_name_problems, asked in a child process and kept per MLflow version, store kind and names (the aliases
+    too): importing MLflow takes seconds, and its verdict on the same names is the same."""
     asked = [mlflow_version(), _is_file_store(), register.model_name, register.experiment, *ALIASES]
     key = hashlib.sha256(json.dumps(asked).encode()).hexdigest()[:20]
-    if problems := cached(f"mlflow-names-{key}.json", lambda: mlflow_name_problems(register)):
+    names = register.model_name, register.experiment
+    if problems := cached(f"mlflow-names-{key}.json", lambda: run_apart(mlflow_name_problems, *names)):
         raise ValueError("\n".join(problems))

@@ -11,23 +11,29 @@ def register(**changes):
     return validate(shipped(**{f"register.{key}": value for key, value in changes.items()})).register
 
 
+def names(**changes) -> tuple[str, str]:
+    """register.model_name and register.experiment, as mlflow_name_problems takes them."""
+    section = register(**changes)
+    return section.model_name, section.experiment
+
+
 def test_the_aliases_register_sets_pass_mlflow_rules():
-    assert mlflow_names.mlflow_name_problems(register()) == []
+    assert mlflow_names.mlflow_name_problems(*names()) == []
 
 
 @pytest.mark.parametrize("alias, rule", [("latest", "reserved"), ("v2", "reserved"), ("best model", "Invalid alias")])
 def test_an_alias_mlflow_refuses_is_named(monkeypatch, alias, rule):
     monkeypatch.setattr(mlflow_names, "ALIASES", (mlflow_names.CANDIDATE, alias))
-    problems = mlflow_names.mlflow_name_problems(register())
+    problems = mlflow_names.mlflow_name_problems(*names())
     assert len(problems) == 1 and problems[0].startswith(f"the alias '{alias}' that register sets: ")
     assert rule in problems[0]
 
 
 def test_a_file_store_refuses_a_percent_the_sqlite_store_takes(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert mlflow_names.mlflow_name_problems(register(model_name="top 5%")) == []
+    assert mlflow_names.mlflow_name_problems(*names(model_name="top 5%")) == []
     monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "mlruns"))
-    [problem] = mlflow_names.mlflow_name_problems(register(model_name="top 5%"))
+    [problem] = mlflow_names.mlflow_name_problems(*names(model_name="top 5%"))
     assert problem.startswith("register.model_name: ") and "cannot contain '%'" in problem
 
 

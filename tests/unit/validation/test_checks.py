@@ -180,20 +180,3 @@ def test_a_link_in_data_local_to_a_file_outside_the_repository_is_refused(tmp_pa
                                   "copy the file into data/local/")
     assert most_rows(data) is None  # never read, not even counted
     check_data(shipped(Data, "data", source="local", name="data/local/inner.jsonl"))  # a link inside is a file
-
-
-def test_validate_of_the_default_imports_no_torch_transformers_or_mlflow_once_its_cache_is_filled(tmp_path):
-    """What validate derives from the libraries (layouts, fields, MLflow's verdict on the names) is cached, and the
-    machine is asked about GPUs only for settings that need one: validate starts in well under a second."""
-    import subprocess
-    import sys
-
-    probe = ("import sys; from lora_pipeline.config.dvcfiles import read_yaml; from lora_pipeline.config.params import "
-             "ROOT; from lora_pipeline.validation.checks import validate_all; validate_all(read_yaml(ROOT / "
-             "'params.yaml')); print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', "
-             "'mlflow'}))")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache"),
-           "HF_HUB_OFFLINE": "1"}
-    imported = [subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
-                               check=True).stdout.strip() for _ in range(2)]
-    assert imported == ["['mlflow', 'torch', 'transformers']", "[]"], imported
