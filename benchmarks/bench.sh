@@ -24,7 +24,8 @@ case $RECIPE in
   # docs/performance.md)
   qwen2-0.5b) MICRO=32; STEPS=40; batch() { echo "$MICRO 1"; } ;;                # micro-batch, grad accumulation
   gpt-oss-20b) STEPS=10; batch() { local m=$((16 / $1 < 8 ? 16 / $1 : 8)); echo "$m $((16 / $1 / m))"; } ;;  # global 16,
-    # as the seed's 8 GPUs; at most 8 rows a micro-step, the recipe's one-GPU batch (8 x GA 2; 2 x 1 on 8 GPUs)
+    # as the seed's 8 GPUs; at most 8 rows a micro-step: the recipe's own split (train.global_batch_size: 16), set
+    # here by hand with train.global_batch_size=0 (8 x GA 2 on one GPU; 2 x 1 on 8 GPUs)
   *) echo "unknown recipe $RECIPE" >&2; exit 2 ;;
 esac
 
@@ -37,7 +38,8 @@ for n in ${BENCH_GPUS:-1 $( [ "$GPUS" -ge 2 ] && echo "$GPUS")}; do  # BENCH_GPU
   CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) accelerate launch --num_processes "$n" --num_machines 1 \
     $( [ "$n" -gt 1 ] && echo --multi_gpu ) --mixed_precision no --dynamo_backend no \
     benchmarks/train_throughput.py --recipe "$RECIPE" --arch "$RECIPE" --checkpoint "/tmp/bench-$RECIPE" \
-    --set "train.sft.per_device_train_batch_size=$micro" --set "train.sft.gradient_accumulation_steps=$accum" \
+    --set train.global_batch_size=0 --set "train.sft.per_device_train_batch_size=$micro" \
+    --set "train.sft.gradient_accumulation_steps=$accum" \
     --steps "$STEPS" --seed-result "$RUNS/seed.jsonl" --commit "$COMMIT" --label fast --out "$RESULTS" \
     ${PROFILE:+--profile "$PROFILE-$RECIPE-${n}gpu.txt"} "$@" 2>&1 | grep --line-buffered -E '^\{|^#|^built|Error|^Thread|^  File|^Current' || true
 done

@@ -11,10 +11,11 @@ Prints one JSON line: tokens/s over all processes (non-padding tokens after warm
 GPU while training and while loading, MFU, the global batch and the implementations that ran.
 
 gpt-oss-20b as its recipe trains (frozen experts kept in MXFP4, lora_pipeline.model.mxfp4_experts; no recompute), its
-global batch of 16 on one GPU, the experts' glue as the train stage runs it (compiled on a GPU) or forced:
+global batch of 16 (train.global_batch_size) on one GPU in micro-batches of 4 (4 x GA 4; the recipe's 8 gives 8 x GA 2),
+the experts' glue as the train stage runs it (compiled on a GPU) or forced; a split set by hand needs
+--set train.global_batch_size=0 beside it:
     python benchmarks/train_throughput.py --recipe gpt-oss-20b --arch gpt-oss-20b \
-        --set train.sft.per_device_train_batch_size=4 --set train.sft.gradient_accumulation_steps=4 \
-        [--experts-glue eager]
+        --set train.sft.per_device_train_batch_size=4 [--experts-glue eager]
 """
 import argparse
 import collections

@@ -29,14 +29,16 @@ from lora_pipeline.launch.checkpoints import (clear_run, content_hash, hold_run_
                                               run_fingerprint, stop_line)
 from lora_pipeline.model.chat import training_rows
 from lora_pipeline.train.prepared_rows import lost_line
-from lora_pipeline.train.training import (LiveMetrics, StopOnSignal, WriteManifest, build_trainer, mean_train_loss,
-                                          save_adapter)
+from lora_pipeline.launch.stage_launch import seconds_since_launch
+from lora_pipeline.train.training import (LiveMetrics, StepClock, StopOnSignal, WriteManifest, build_trainer,
+                                          compile_figures, mean_train_loss, save_adapter)
 
 BASE, TRAIN, ADAPTER = Path("models/base"), Path("data/split/train.jsonl"), Path("models/adapter")
 METRICS, LOSS_LOG, SPEED = outputs.METRICS["train"], Path("plots/train_loss.csv"), Path("logs/train_speed.json")
 
 
 def main():
+    startup = seconds_since_launch()
     params = load_params("train")  # the validate stage has already refused what this machine cannot run
     fingerprint = run_fingerprint("train")
     checkpoints, live, resume, tokens_before = run_dir(fingerprint), None, None, 0
@@ -51,9 +53,10 @@ def main():
         live = LiveRun(params.register.experiment, fingerprint, ROOT, run_name=exp_name,
                        tags={"dvc_exp_name": exp_name or "workspace", "train_fingerprint": fingerprint})
     train_set = Dataset.from_list(training_rows(read_jsonl(TRAIN)))  # with tools, TRL passes them to the template
-    stopper = StopOnSignal()
-    callbacks = [stopper, WriteManifest()] + ([LiveMetrics(live)] if live else [])
+    stopper, clock = StopOnSignal(), StepClock()
+    callbacks = [stopper, WriteManifest(), clock] + ([LiveMetrics(live)] if live else [])
     try:
+        built = time.perf_counter()
         trainer, implementations = build_trainer(params, BASE, train_set, checkpoints, callbacks=callbacks)
         rank0 = trainer.is_world_process_zero()
         lost = lost_line(trainer.rows_lost, len(train_set), trainer.args.max_length)
@@ -63,6 +66,7 @@ def main():
         if rank0 and resume:
             print(f"resuming from {resume}", flush=True)
         start = time.perf_counter()
+        build_seconds = start - built
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         seconds = time.perf_counter() - start
     except BaseException:
@@ -100,6 +104,11 @@ def main():
         "final_loss": history[-1]["loss"] if history else None,
         "steps": trainer.state.global_step,
         "world_size": trainer.args.world_size,
+        # the batch that ran: sequences per optimizer step over all processes, and each process's split of them
+        "global_batch_size": trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
+                             * trainer.args.world_size,
+        "micro_batch_size": trainer.args.per_device_train_batch_size,
+        "gradient_accumulation_steps": trainer.args.gradient_accumulation_steps,
         "tokens": trainer.state.num_input_tokens_seen,  # non-padding tokens over all processes
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
         "liger_applied": int(implementations["liger"]["applied"]),
@@ -116,7 +125,10 @@ def main():
              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
              "cpu_kernels": cpu_numerics.describe(),
              "world_size": trainer.args.world_size, "implementations": implementations,
-             "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0}
+             "resumed_from_step": int(resume.name.split("-")[1]) if resume else 0,
+             # where a run's time goes before its steady pace: start-up, model load and trainer, the first step
+             "startup_seconds": startup, "build_seconds": build_seconds, **clock.figures(),
+             "compile": compile_figures()}
     write_json(SPEED, speed)
     clear_run(checkpoints)  # finished: nothing left to resume
     unsent = live.finish("FINISHED", adapter_hash=content_hash(ADAPTER))

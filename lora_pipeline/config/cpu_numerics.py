@@ -9,16 +9,19 @@ split them, so a process that computes on the CPU runs a fixed number of threads
 stages call pin() before torch is imported (stages/__init__.py); LORA_PIPELINE_NATIVE_CPU=1 lets each library choose
 again.
 
-Pinned processes also keep torch.compile's cache (Inductor) in a folder of their own: Inductor's cache key leaves out
-ATEN_CPU_CAPABILITY, so a CPU kernel compiled for AVX2 in a pinned process and loaded by an unpinned one on an
-AVX-512 machine corrupts the heap (torch 2.11; docs/reproducibility.md).
+Pinned processes also keep torch.compile's cache (Inductor, with the Triton kernels it builds) in a folder of their own:
+Inductor's cache key leaves out ATEN_CPU_CAPABILITY, so a CPU kernel compiled for AVX2 in a pinned process and loaded
+by an unpinned one on an AVX-512 machine corrupts the heap (torch 2.11; docs/reproducibility.md). That folder is in the
+machine's cache (config.cache.cache_root), not the temp dir: it outlasts experiments and reboots, and a Slurm node
+reaches it where home directories are shared, so an experiment pays no compile another has paid.
 """
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
+
+from lora_pipeline.config.cache import cache_root
 
 PINNED = {
     "ATEN_CPU_CAPABILITY": "avx2",  # PyTorch's vectorized CPU kernels
@@ -37,11 +40,10 @@ PINNED_CACHE = "pinned_" + PINNED["ATEN_CPU_CAPABILITY"]  # the subfolder of Ind
 
 def inductor_cache(environ: MutableMapping[str, str]) -> str:
     """Inductor's cache folder for a pinned process: PINNED_CACHE inside TORCHINDUCTOR_CACHE_DIR where that is set,
-    else <temp dir>/torchinductor_<uid>_<PINNED_CACHE> beside torch's default."""
+    else <cache_root>/torchinductor/<PINNED_CACHE>."""
     base = environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not base:
-        uid = os.getuid() if hasattr(os, "getuid") else "user"
-        return os.path.join(tempfile.gettempdir(), f"torchinductor_{uid}_{PINNED_CACHE}")
+        return str(cache_root(environ) / "torchinductor" / PINNED_CACHE)
     return base if base.rstrip(os.sep).endswith(PINNED_CACHE) else os.path.join(base, PINNED_CACHE)
 
 

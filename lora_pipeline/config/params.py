@@ -222,6 +222,7 @@ class Launch(_Section):
 class Train(_Section):
     accelerate_config: AccelerateConfig
     nodes: int = Field(ge=1)
+    global_batch_size: int = Field(ge=0)
     liger: bool
     compile_layers: Literal["none", "default", "max-autotune-no-cudagraphs", "reduce-overhead"]
     flex_block_mask: Literal["auto", "eager", "compiled"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from lora_pipeline.config.dvcfiles import ROOT
+from lora_pipeline.config.gpus import visible_gpus
 from lora_pipeline.model.checks import SHARDED
 
 
@@ -29,6 +30,20 @@ def processes_here(config: dict) -> int:
     return int(config.get("num_processes", 1)) // max(int(config.get("num_machines", 1)), 1)
 
 
+def training_processes(train, launch, root: Path = ROOT) -> tuple[int, str]:
+    """The processes a training launch starts over all machines, and that in words: the accelerate config's
+    num_processes, or on Slurm over several nodes, train.nodes x the config's processes per machine (as
+    launcher.node_command launches them)."""
+    config = accelerate_config(train, root)
+    if on_slurm(launch) and train.nodes > 1:
+        per_node = processes_here(config)
+        total = train.nodes * per_node
+        return total, (f"the {total} processes of train.nodes {train.nodes} x {per_node} per node "
+                       f"(train.accelerate_config {train.accelerate_config})")
+    total = int(config.get("num_processes", 1))
+    return total, f"the {total} process{'es' * (total != 1)} train.accelerate_config {train.accelerate_config} starts"
+
+
 def starts_one_process(config: dict) -> bool:
     """Whether `accelerate launch` with the config starts a single process (its one-process launcher) on one machine."""
     return (config.get("distributed_type", "NO") == "NO" and int(config.get("num_processes", 1)) == 1
@@ -38,9 +53,7 @@ def starts_one_process(config: dict) -> bool:
 def usable_gpus(config: dict) -> tuple[int, str]:
     """How many GPUs of this machine the config's processes can use (all, or those of its gpu_ids that exist), and
     that in words."""
-    import torch
-
-    count, ids = torch.cuda.device_count(), config.get("gpu_ids", "all")
+    count, ids = len(visible_gpus()), config.get("gpu_ids", "all")
     present = f"{count} CUDA GPU{'s' * (count != 1)}" if count else "no CUDA GPU"
     if ids in (None, "all") or not count:
         return count, present
@@ -79,10 +92,8 @@ def check_machine(model, train, root: Path = ROOT, launch=None) -> None:
     accelerate config a GPU for each process it starts here. On Slurm the nodes' GPUs are launch.slurm.gpus_per_node
     (check_launch), not this machine's."""
     @functools.cache
-    def gpu() -> bool:  # asked only where a setting needs a GPU: importing torch is most of validate's time
-        import torch
-
-        return (on_slurm(launch) and launch.slurm.gpus_per_node > 0) or torch.cuda.is_available()
+    def gpu() -> bool:
+        return (on_slurm(launch) and launch.slurm.gpus_per_node > 0) or bool(visible_gpus())
 
     problems = []
     config = accelerate_config(train, root)

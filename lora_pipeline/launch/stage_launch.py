@@ -15,6 +15,23 @@ import time
 
 from lora_pipeline.launch.checkpoints import kept_checkpoint, stop_line
 
+LAUNCHED_AT = "LORA_PIPELINE_LAUNCHED_AT"  # the wall-clock time `python -m lora_pipeline.launch <stage>` started
+
+
+def mark_launched(environ=os.environ) -> None:
+    """Note in the environment, which the stage's processes inherit (through accelerate and srun too), when the launch
+    started; kept where a launcher above this one set it."""
+    environ.setdefault(LAUNCHED_AT, repr(time.time()))
+
+
+def seconds_since_launch(environ=os.environ) -> float | None:
+    """Seconds from the launch's start to now: in a stage's main(), its start-up (the launcher's and the stage's
+    interpreters, imports, accelerate, srun). None where the stage was started without the launcher."""
+    try:
+        return time.time() - float(environ[LAUNCHED_AT])
+    except (KeyError, ValueError):
+        return None
+
 
 def stopping_signal(error: BaseException) -> int | None:
     """The signal that stopped a stage's process, from what accelerate's launcher raised, or None: a process that

@@ -22,15 +22,17 @@ from lora_pipeline.model.checks import BITSANDBYTES, MXFP4_EXPERTS
 from lora_pipeline.model.loading import (apply_liger, load_model, load_tokenizer, lora_config, mask_packed_rows,
                                          training_device_map)
 from lora_pipeline.model.mxfp4_experts import pack_experts
+from lora_pipeline.train.global_batch import split_global_batch
 from lora_pipeline.train.prepared_rows import PreparedRowsSFTTrainer, weight_zero_turns
 from lora_pipeline.train.sft_args import train_sft_args
 
 log = logging.getLogger(__name__)
 
 
-def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTConfig, dict]:
-    """SFTConfig from train.sft plus what the stage owns (output folder, checkpoints, logging); and the levers as
-    they will run on this machine, with the reason for any that cannot."""
+def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int, global_batch_size: int = 0) -> tuple[SFTConfig, dict]:
+    """SFTConfig from train.sft plus what the stage owns (output folder, checkpoints, logging), its micro-batch and
+    accumulation split from train.global_batch_size over this launch's processes where that is set; and the levers
+    as they will run on this machine, with the reason for any that cannot."""
     on_gpu = torch.cuda.is_available()
     sft, notes = dict(sft), []
     if sft["torch_compile"] and not on_gpu:
@@ -45,12 +47,24 @@ def sft_args(sft: dict, output_dir: Path, checkpoint_steps: int) -> tuple[SFTCon
     sft["gradient_checkpointing_kwargs"] = ({"use_reentrant": False, **sft.get("gradient_checkpointing_kwargs", {})}
                                             if sft["gradient_checkpointing"] else None)
     args = SFTConfig(**sft, **train_sft_args(output_dir, checkpoint_steps, on_gpu))
+    if global_batch_size:  # the world size is known once SFTConfig has set up the processes' state
+        processes, largest = args.world_size, args.per_device_train_batch_size
+        micro, accumulation = split_global_batch(global_batch_size, largest, args.gradient_accumulation_steps,
+                                                 processes, f"the {processes} processes of this launch")
+        # set as TrainingArguments.set_training sets them: the Trainer reads both when it is built
+        args.per_device_train_batch_size, args.gradient_accumulation_steps = micro, accumulation
+        share = global_batch_size // processes
+        if micro < min(share, largest):
+            notes.append(f"micro-batch {micro}: the largest divisor of each process's {share} sequences a step at "
+                         f"most train.sft.per_device_train_batch_size {largest}")
     levers = {"padding_free": padding_free_rows or args.padding_free, "packing": args.packing,
               "torch_compile": args.torch_compile, "gradient_checkpointing": args.gradient_checkpointing,
               "checkpointing_kwargs": args.gradient_checkpointing_kwargs,
               "sampling": args.train_sampling_strategy,
               "per_device_train_batch_size": args.per_device_train_batch_size,
               "gradient_accumulation_steps": args.gradient_accumulation_steps, "notes": notes}
+    if global_batch_size:  # only then: the adapter's training_info.json of any other run stays as it was
+        levers["global_batch_size"] = global_batch_size
     return args, levers
 
 
@@ -237,7 +251,8 @@ class SyncFreeSFTTrainer(PreparedRowsSFTTrainer):
 
 def build_trainer(params, base: Path, train_set, output_dir: Path, callbacks=()) -> tuple[SFTTrainer, dict]:
     """SFTTrainer for the `model`, `quantization`, `train` and `lora` params, and a record of what runs."""
-    args, levers = sft_args(params.train.sft.dump(), output_dir, params.train.checkpoint_steps)
+    args, levers = sft_args(params.train.sft.dump(), output_dir, params.train.checkpoint_steps,
+                            params.train.global_batch_size)
     if args.assistant_only_loss and "messages" not in train_set.column_names:
         levers["notes"].append("assistant_only_loss is off: text rows have no assistant turns, every token is trained")
         args.assistant_only_loss = False
@@ -405,6 +420,40 @@ class WriteManifest(TrainerCallback):
         PartialState().wait_for_everyone()
         if state.is_world_process_zero:
             write_manifest(Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+
+
+class StepClock(TrainerCallback):
+    """How long the first optimizer step of this process took (compiling, autotuning and the caches' first fill land
+    there) against the steps after it (their median), for logs/train_speed.json."""
+
+    def __init__(self):
+        self._last, self.step_seconds = None, []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        self.step_seconds.append(now - self._last)
+        self._last = now
+
+    def figures(self) -> dict:
+        later = sorted(self.step_seconds[1:])
+        return {"first_step_seconds": self.step_seconds[0] if self.step_seconds else None,
+                "later_step_seconds": later[len(later) // 2] if later else None}
+
+
+def compile_figures() -> dict:
+    """What torch.compile did in this process: seconds in Dynamo's compile (Inductor's included), the graphs it
+    compiled, and the hits and misses of Inductor's and AOTAutograd's caches (a warm cache: hits, no misses)."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    cache = {f"{kind}_{outcome}": counters[group][f"{key}_{outcome}"]
+             for kind, group, key in (("inductor", "inductor", "fxgraph_cache"),
+                                      ("autograd", "aot_autograd", "autograd_cache"))
+             for outcome in ("hit", "miss")}
+    return {"seconds": sum(compilation_time_metrics.get("_compile.compile_inner", [])),
+            "graphs": counters["stats"]["unique_graphs"], **cache}
 
 
 class LiveMetrics(TrainerCallback):

@@ -3,7 +3,6 @@ the check of train.sft and lora against trl.SFTConfig's and peft.LoraConfig's ow
 base model and the machine live with their concern."""
 from __future__ import annotations
 
-import dataclasses
 import difflib
 from importlib.metadata import version
 from pathlib import Path
@@ -19,11 +18,13 @@ from lora_pipeline.evaluate.checks import check_eval, check_gate_metric, check_r
 from lora_pipeline.evaluate.scoring import asks_reasoning_language
 from lora_pipeline.evaluate.task import gate_needs, row_yields
 from lora_pipeline.launch.launcher import check_launch
-from lora_pipeline.launch.machine import check_eval_launch, check_machine, distributed_type
+from lora_pipeline.launch.machine import check_eval_launch, check_machine, distributed_type, training_processes
 from lora_pipeline.model.checks import (check_base_model, check_model, check_packed_experts, check_quantization,
                                         check_save_format, check_tiny)
 from lora_pipeline.registry.mlflow_names import check_mlflow_names
+from lora_pipeline.train.global_batch import split_global_batch
 from lora_pipeline.train.sft_args import STAGE_OWNED_SFT_FIELDS
+from lora_pipeline.validation.library_source import library_field_names
 
 
 def validate_all(raw: dict, root: Path = ROOT) -> Params:
@@ -45,6 +46,7 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
         lambda: check_scheduler(view.train),
         lambda: check_machine(view.model, view.train, root, view.launch),
         lambda: check_launch(view, root),
+        lambda: check_global_batch(view.train, view.launch, root),
         lambda: check_base_model(view.model, view.lora, root),
         lambda: check_quantization(view.model, view.quantization, view.train, distributed_type(view.train, root), root),
         lambda: check_packed_experts(view.model, view.lora, view.train, distributed_type(view.train, root), root),
@@ -175,21 +177,10 @@ def unknown_fields(given: dict, known: set[str], section: str, owner: str) -> li
 
 
 def library_fields() -> dict[str, list[str]]:
-    """The field names of trl.SFTConfig and peft.LoraConfig, and transformers' scheduler names. Importing them loads
-    peft, and with it bitsandbytes, slowly compared to the rest of validate: they are cached per installed version of
-    trl, peft and transformers."""
-
-    def names() -> dict[str, list[str]]:
-        from peft import LoraConfig
-        from transformers import SchedulerType
-        from trl import SFTConfig
-
-        return {"trl.SFTConfig": sorted(f.name for f in dataclasses.fields(SFTConfig)),
-                "peft.LoraConfig": sorted(f.name for f in dataclasses.fields(LoraConfig)),
-                "transformers.SchedulerType": [s.value for s in SchedulerType]}
-
+    """The field names of trl.SFTConfig and peft.LoraConfig, and transformers' scheduler names, read from their source
+    (library_source), cached per installed version of trl, peft and transformers."""
     key = "-".join(f"{package}{version(package)}" for package in ("trl", "peft", "transformers"))
-    return cached(f"fields-{key}.json", names)
+    return cached(f"fields-{key}.json", library_field_names)
 
 
 def check_library_fields(train, lora) -> None:
@@ -204,6 +195,13 @@ def check_library_fields(train, lora) -> None:
                                "lora", "peft.LoraConfig")
     if problems:
         raise ValueError("\n".join(problems))
+
+
+def check_global_batch(train, launch, root: Path = ROOT) -> None:
+    """train.global_batch_size split over the processes the launch starts, as the train stage will split it."""
+    processes, processes_are = training_processes(train, launch, root)
+    split_global_batch(train.global_batch_size, train.sft.per_device_train_batch_size,
+                       train.sft.gradient_accumulation_steps, processes, processes_are)
 
 
 def check_scheduler(train) -> None:

@@ -72,16 +72,17 @@ def test_server_killed_mid_register_then_one_registration(pipeline_copy, tmp_pat
 
 
 def test_register_under_dvc_repro_with_the_server_down_keeps_its_record(pipeline_copy):
-    """DVC removes a stage's outputs before it runs it, unless they persist: the record register keeps stays."""
+    """DVC removes a stage's outputs before it runs it, unless they persist: register's output (persist) and its
+    record of this store (no DVC output) stay as they were."""
     repo = pipeline_copy
-    saved = (repo / "models/registered.json").read_bytes()
+    saved = {path: (repo / path).read_bytes() for path in ("models/registered.json", "models/registration.json")}
     proc = subprocess.run(["dvc", "repro", "--force", "--single-item", "register"], cwd=repo, capture_output=True,
                           text=True, env=run_env(MLFLOW_TRACKING_URI="http://127.0.0.1:9", **FAST_RETRIES))
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in output, output
     assert "register: MLflow at http://127.0.0.1:9 unreachable" in output, output
     assert "models/registered.json left as it was, re-run when the server is back" in output, output
-    assert (repo / "models/registered.json").read_bytes() == saved
+    assert {path: (repo / path).read_bytes() for path in saved} == saved
 
 
 def test_registered_json_holds_no_machine_paths(repo):

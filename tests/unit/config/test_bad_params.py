@@ -152,6 +152,12 @@ BAD = [
     case({"launch.slurm.save_before_limit": -1}, "launch.slurm.save_before_limit", "(got -1)"),
     case({"launch.launcher": "pbs"}, "launch.launcher", "'pbs'"),
     case({"train.nodes": 0}, "train.nodes", "(got 0)"),
+    # the global batch: a share for each process, the accumulation derived from it
+    case({"train.global_batch_size": -1}, "train.global_batch_size", "(got -1)"),
+    case({"train.global_batch_size": 3, "train.accelerate_config": "cpu_ddp"}, "train.global_batch_size",
+         "3 is not a multiple of the 2 processes train.accelerate_config cpu_ddp starts"),
+    case({"train.global_batch_size": 16, "train.sft.gradient_accumulation_steps": 2},
+         "train.sft.gradient_accumulation_steps", "2 with train.global_batch_size: 16"),
 ]
 
 
@@ -189,6 +195,8 @@ def test_every_problem_is_reported_at_once():
     {"quantization.method": "nf4", "quantization.compute_dtype": "bfloat16", "quantization.double_quant": False},
     {"quantization.method": "int8", "train.accelerate_config": "cpu_ddp"},
     {"train.accelerate_config": "cpu_ddp"},  # use_cpu: true, 2 CPU processes
+    {"train.global_batch_size": 16, "train.accelerate_config": "cpu_ddp"},
+    {"train.global_batch_size": 7, "train.sft.per_device_train_batch_size": 2},  # 1 x GA 7
     {**GPT_OSS, "merge.save_format": "mxfp4"},
     {"merge.save_format": "model_dtype"},
     # a Hub model not fetched yet: its architecture is unknown, so checked only once fetch has it
@@ -213,6 +221,16 @@ def test_slurm_needs_srun_on_path(tmp_path, monkeypatch):
         validate_all(shipped(**{"launch.launcher": "slurm"}))
     with_srun(tmp_path, monkeypatch)
     validate_all(shipped(**{"launch.launcher": "slurm", "train.nodes": 2, "eval.nodes": 2}))
+
+
+def test_a_global_batch_is_shared_by_every_process_of_every_node(tmp_path, monkeypatch):
+    with_srun(tmp_path, monkeypatch)
+    nodes = {"launch.launcher": "slurm", "train.accelerate_config": "cpu_ddp", "train.nodes": 3,
+             "train.global_batch_size": 16}
+    with pytest.raises(ParamsError, match=r"train.global_batch_size: 16 is not a multiple of the 6 processes of "
+                                          r"train.nodes 3 x 2 per node \(train.accelerate_config cpu_ddp\)"):
+        validate_all(shipped(**nodes))
+    validate_all(shipped(**{**nodes, "train.global_batch_size": 18}))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
@@ -248,12 +266,15 @@ def test_local_model_is_checked_against_its_config(tmp_path):
 
 
 def test_gpu_processes_are_counted_per_machine_against_the_gpus_present(monkeypatch):
-    """On a machine with 2 GPUs (the count torch reports): each machine's share of num_processes, against all GPUs
+    """On a machine with 2 GPUs (as NVML lists them): each machine's share of num_processes, against all GPUs
     or those its gpu_ids lists; CPU processes (use_cpu: true) are not counted."""
+    from lora_pipeline.config import gpus
     from lora_pipeline.launch.machine import accelerate_config, gpu_count_problem
     from lora_pipeline.config.params import Train
 
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    two = tuple(gpus.Gpu(f"GPU-{i}", "NVIDIA H100", (9, 0)) for i in range(2))
+    monkeypatch.setattr(gpus, "nvml_gpus", lambda: (two, ()))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
     def problem(name, **changes):
         train = Train.model_validate({**shipped()["train"], "accelerate_config": name})

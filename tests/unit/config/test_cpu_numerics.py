@@ -1,5 +1,4 @@
 """The CPU pins: which switches and thread counts a stage process gets, and when none."""
-import os
 
 import pytest
 
@@ -56,9 +55,10 @@ def test_the_native_switch_pins_nothing(cpu_machine):
     assert pin(environ) == {} and environ == {cpu_numerics.NATIVE_SWITCH: "1", "OMP_NUM_THREADS": "16"}
 
 
-def test_pinned_processes_keep_inductors_cache_in_a_folder_of_their_own(tmp_path, monkeypatch):
-    monkeypatch.setattr(cpu_numerics.tempfile, "gettempdir", lambda: str(tmp_path))
-    assert cpu_numerics.inductor_cache({}) == str(tmp_path / f"torchinductor_{os.getuid()}_{cpu_numerics.PINNED_CACHE}")
+def test_pinned_processes_keep_inductors_cache_in_a_folder_of_their_own(tmp_path):
+    # in the machine's cache, beside validate's: outside the repository copy an experiment runs in
+    machine_cache = tmp_path / "xdg" / "lora-pipeline" / "torchinductor" / cpu_numerics.PINNED_CACHE
+    assert cpu_numerics.inductor_cache({"XDG_CACHE_HOME": str(tmp_path / "xdg")}) == str(machine_cache)
     inside = tmp_path / "cache" / cpu_numerics.PINNED_CACHE
     assert cpu_numerics.inductor_cache({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}) == str(inside)
     assert cpu_numerics.inductor_cache({"TORCHINDUCTOR_CACHE_DIR": str(inside)}) == str(inside)  # pinned again

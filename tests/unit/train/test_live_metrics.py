@@ -14,9 +14,11 @@ from conftest import run, run_env, set_params
 from helpers import free_port, start_server, stop
 
 STEPS = 16
-# Batches of 8 rows a process: what is checked does not depend on the batch.
-SHORT = {"train.accelerate_config": "cpu_ddp", "train.sft.max_steps": STEPS, "train.sft.per_device_train_batch_size": 8,
-         "train.sft.logging_steps": 1, "train.checkpoint_steps": 0, "train.liger": True}
+# 16 rows a step over the 2 processes, split by train.global_batch_size into micro-batches of 4 accumulated twice in
+# each; what else is checked does not depend on the batch.
+SHORT = {"train.accelerate_config": "cpu_ddp", "train.sft.max_steps": STEPS, "train.global_batch_size": 16,
+         "train.sft.per_device_train_batch_size": 4, "train.sft.logging_steps": 1, "train.checkpoint_steps": 0,
+         "train.liger": True}
 # A dead server is found dead at once; the stage's defaults give it about 30 s per attempt.
 NO_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 
@@ -68,6 +70,8 @@ def test_live_run_of_two_processes_outlives_the_server_and_register_completes_it
         metrics = json.loads((live_repo / "metrics/train.json").read_text())
         # one global batch = per-device batch x 2 processes: both ranks fed tokens into the count
         assert metrics["world_size"] == 2 and metrics["steps"] == STEPS and metrics["tokens"] > 0
+        assert (metrics["global_batch_size"], metrics["micro_batch_size"], metrics["gradient_accumulation_steps"]) \
+            == (16, 4, 2)  # the batch that ran, split for the 2 processes the launch started
         assert (live_repo / "models/adapter/adapter_model.safetensors").is_file()
         assert output.count('"trainable_params"') == 1  # rank 0 alone writes and prints the metrics
         info = json.loads((live_repo / "models/adapter/training_info.json").read_text())
@@ -94,6 +98,8 @@ def test_live_run_of_two_processes_outlives_the_server_and_register_completes_it
         for name in ("learning_rate", "grad_norm", "tokens_per_s"):
             assert f"train.step_{name}" in done.data.metrics
         assert done.data.metrics["train.step_tokens_per_s"] > 0
+        assert (done.data.metrics["train.global_batch_size"], done.data.metrics["train.micro_batch_size"],
+                done.data.metrics["train.gradient_accumulation_steps"]) == (16, 4, 2)
         assert json.loads((live_repo / "logs/train_mlflow.json").read_text())["sent"] == STEPS
     finally:
         stop(server)

@@ -358,3 +358,16 @@ def test_at_logging_under_a_trl_without_the_lm_head_hook_fails_before_the_model_
         _tiny_trainer(tmp_path, "hookless", ["train.host_syncs=at_logging"])
     with pytest.raises(AssertionError, match="loaded before the check"):
         _tiny_trainer(tmp_path, "hookless", ["train.host_syncs=each_step"])
+
+
+def test_a_global_batch_trains_as_its_split_set_by_hand(tmp_path):
+    """train.global_batch_size 16 with micro-batches of at most 4, in this one process: 4 x GA 4, trained exactly as
+    that split set in train.sft trains."""
+    derived, record = _tiny_trainer(tmp_path, "global", ["train.global_batch_size=16",
+                                                         "train.sft.per_device_train_batch_size=4"])
+    by_hand, _ = _tiny_trainer(tmp_path, "by-hand", ["train.sft.per_device_train_batch_size=4",
+                                                     "train.sft.gradient_accumulation_steps=4"])
+    assert (record["global_batch_size"], record["per_device_train_batch_size"],
+            record["gradient_accumulation_steps"]) == (16, 4, 4)
+    assert derived.train().training_loss == by_hand.train().training_loss
+    assert derived.state.global_step == by_hand.state.global_step == 2
