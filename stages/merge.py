@@ -19,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 
 import torch
 from peft import PeftModel
@@ -27,6 +26,7 @@ from peft import PeftModel
 from lora_pipeline.config import outputs
 from lora_pipeline.config.outputs import read_jsonl, replace_dir, staging_dir, write_json
 from lora_pipeline.config.params import load_params
+from lora_pipeline.launch.stage_launch import seconds_since_launch
 from lora_pipeline.merge.check import adapter_load_problem, check_merged_weights, compare_logits, lora_weights
 from lora_pipeline.merge.over_base import (changed_weights, copy_problem, put_stored, save_over_base,
                                            verify_over_base)
@@ -57,7 +57,7 @@ class Phases:
 
 def main():
     started, phases = time.perf_counter(), Phases()
-    start_seconds = time.time() - psutil.Process().create_time()  # the interpreter and the imports
+    startup = seconds_since_launch()  # the launcher's and this interpreter's start, the imports
     params = load_params("merge")
     try:
         save_format = merged_save_format(params.merge.save_format, BASE)  # before any model is loaded
@@ -141,7 +141,7 @@ def main():
     replace_dir(staged, MERGED)
     write_json(METRICS, metrics)
     write_json(SPEED, {"phase_seconds": phases.seconds, "total_seconds": time.perf_counter() - started,
-                       "start_seconds": start_seconds, "save_format": save_format, "written_as": written_as,
+                       "startup_seconds": startup, "save_format": save_format, "written_as": written_as,
                        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0})
     print(f"merged ({save_format}, {written_as}) -> {MERGED}; {metrics}")
