@@ -39,7 +39,6 @@ from lora_pipeline.config.params import for_stage, validate
 from lora_pipeline.model.mxfp4_experts import DECODERS, GLUES, forced_path, paths_run
 from lora_pipeline.train.training import build_trainer, save_adapter
 from bench_rows import emit
-from gpu_gaps import gap_table, spans_from_profiler
 
 # The seed baseline's standard workloads (same generator, same seeds).
 WORKLOADS = {
@@ -137,7 +136,7 @@ def main():
     parser.add_argument("--checkpoint", default="/tmp/bench-base", help="where the random-init model is written")
     parser.add_argument("--label", default="", help="a name for this configuration in the output")
     parser.add_argument("--profile", help="after the timed steps, profile 3 more with torch.profiler; write the top "
-                        "kernels and the GPU's idle gaps (benchmarks/gpu_gaps.py) to this file")
+                        "kernels and host ops to this file")
     parser.add_argument("--seed-result", help="the seed baseline's JSON lines from the same call: adds the ratio")
     parser.add_argument("--commit", default="", help="the project's git commit, recorded with the result")
     parser.add_argument("--out", help="append the JSON line to this file")
@@ -257,7 +256,6 @@ def main():
         events = profiler.key_averages()
         tables = [f"sorted by {key}:\n" + events.table(sort_by=key, row_limit=30, max_name_column_width=70)
                   for key in ("self_cuda_time_total", "self_cpu_time_total")]  # the GPU's work, then the host's
-        tables.append(gap_table(*spans_from_profiler(profiler), steps=profiled))  # where the GPU waited, and on what
         Path(args.profile).write_text(f"{args.recipe} {args.set} ({profiled} optimizer steps)\n" + "\n".join(tables))
     (t0, k0), (t1, k1) = marks[warm], marks[warm + args.steps]
     local = torch.tensor([k1 - k0, t1 - t0, torch.cuda.max_memory_allocated() / 2**30, load_peak[0]], device="cuda")

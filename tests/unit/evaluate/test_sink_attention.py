@@ -9,6 +9,7 @@ import torch
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
 from conftest import ROOT
+from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
 from lora_pipeline.evaluate import sink_attention
 from lora_pipeline.evaluate.sink_attention import grouped_sink_attention
 
@@ -92,3 +93,27 @@ def test_the_fused_decode_switch_is_set_back_after_its_block():
             assert not sink_attention.FUSED_DECODE
             raise RuntimeError
     assert sink_attention.FUSED_DECODE
+
+
+def test_the_tiny_gpt_oss_decodes_as_under_transformers_eager_attention(tmp_path):
+    # a window of 16, shorter than the rows, and sinks far from zero (decoding_gpt_oss): both take part in each step
+    build_tiny_gpt_oss(tmp_path, vocab_size=512, sliding_window=16)
+    model = decoding_gpt_oss(tmp_path)
+    tokenizer = word_tokenizer({f"t{i}": i for i in range(512)})
+    tokenizer.padding_side = "left"
+    inputs = tokenizer(GPT_OSS_PROMPTS, add_special_tokens=False, padding=True, return_tensors="pt")
+
+    def decoded():
+        out = model.generate(**inputs, max_new_tokens=24, min_new_tokens=24, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
+        return out.sequences, torch.stack(out.logits)
+
+    assert model.config._attn_implementation == sink_attention.NAME
+    fused = decoded()
+    with sink_attention.fused_decode(False):
+        unfused = decoded()
+    model.set_attn_implementation("eager")  # transformers' own: repeat_kv's copies of the cache
+    eager = decoded()
+    for tokens, logits in (fused, unfused):
+        assert torch.equal(tokens, eager[0])
+        torch.testing.assert_close(logits, eager[1], rtol=1e-4, atol=1e-4)
