@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
-# make bench RECIPE=<qwen2-0.5b|gpt-oss-20b>: on a GPU machine, the seed baseline and this project's train-stage
-# code on the same GPUs in one go; one JSON line per run appended to bench/results.jsonl (ratio = ours / seed).
-#   1 GPU:  the recipe's fast settings at the seed's global batch (Qwen2-0.5B 32; gpt-oss-20b 16 as the recipe's
-#           one-GPU 8 x GA 2)
-#   N GPUs: the same per-GPU micro-batch on every visible GPU (global batch stated in each line)
-# PROFILE=<path prefix> also writes torch.profiler's top kernels of each run.
-# Needs torch, transformers, peft, accelerate, trl, datasets, liger-kernel (requirements-gpu.txt).
+# make bench RECIPE=<qwen2-0.5b|gpt-oss-20b>: on a GPU machine (requirements-gpu.txt), the seed baseline, then
+# train_throughput.py on one GPU and on every visible GPU; a JSON line per run appended to bench/results.jsonl
+# (docs/performance.md#how-it-is-measured). PROFILE=<path prefix> also writes each run's top kernels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package, where it is not installed (make setup)
@@ -16,6 +12,7 @@ RUNS=${BENCH_RUNS:-/tmp/bench-runs}; RESULTS=${BENCH_RESULTS:-bench/results.json
 COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 mkdir -p "$RUNS" "$(dirname "$RESULTS")"
+BEFORE=$(cat "$RESULTS" 2>/dev/null | wc -l)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
@@ -43,10 +40,5 @@ for n in ${BENCH_GPUS:-1 $( [ "$GPUS" -ge 2 ] && echo "$GPUS")}; do  # BENCH_GPU
     --steps "$STEPS" --seed-result "$RUNS/seed.jsonl" --commit "$COMMIT" --label fast --out "$RESULTS" \
     ${PROFILE:+--profile "$PROFILE-$RECIPE-${n}gpu.txt"} "$@" 2>&1 | grep --line-buffered -E '^\{|^#|^built|Error|^Thread|^  File|^Current' || true
 done
-echo "=== $RESULTS (last lines)"
-tail -n 3 "$RESULTS" | python3 -c "
-import json, sys
-for line in sys.stdin:
-    r = json.loads(line)
-    print(f\"{r['recipe']:12} {r['gpus']} GPU  {r['tokens_per_s']:>8,} tok/s  seed {r.get('seed_tokens_per_s', 0):>7,}  \"
-          f\"x{r.get('ratio', 0):<5} {r['peak_gib']:>5} GiB  MFU {r['mfu']:.2f}  global batch {r['global_batch']}\")"
+tail -n +$((BEFORE + 1)) "$RESULTS" >"$RUNS/this-call.jsonl"  # this call's rows, as make bench-history shows them
+python3 benchmarks/bench_history.py "$RUNS/this-call.jsonl"

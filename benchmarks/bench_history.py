@@ -31,16 +31,6 @@ def _card(row: dict) -> str | None:
     return words[0] if words else device
 
 
-def _batch(row: dict) -> str | None:
-    if row.get("micro_batch") is not None:
-        return f"{row['micro_batch']} x {row.get('grad_accum', 1)}"
-    return row.get("batch")
-
-
-def _ratio(row: dict) -> str | None:
-    return None if row.get("ratio") is None else f"{row['ratio']}x"
-
-
 # (header, key or function of the row); a column shows only where some row of the table has a value.
 COLUMNS = [
     ("date", lambda row: None if row.get("date") is None else str(row["date"])[:10]),
@@ -52,10 +42,11 @@ COLUMNS = [
     ("ran", "ran"),
     ("gpus", "gpus"),
     ("global batch", "global_batch"),
-    ("batch", _batch),
+    ("batch", lambda row: row.get("batch") if row.get("micro_batch") is None
+     else f"{row['micro_batch']} x {row.get('grad_accum', 1)}"),
     ("tokens/s", "tokens_per_s"),
     ("seed tokens/s", "seed_tokens_per_s"),
-    ("ratio", _ratio),
+    ("ratio", lambda row: None if row.get("ratio") is None else f"{row['ratio']}x"),
     ("MFU", "mfu"),
     ("peak GiB", "peak_gib"),
     ("seconds", "seconds"),

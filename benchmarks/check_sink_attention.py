@@ -1,18 +1,13 @@
 """GPU check: lora_pipeline.evaluate.sink_attention, gpt-oss's decoding attention, against transformers' eager one.
 
-Both run in bfloat16 at gpt-oss-20b's shapes (64 query heads, 8 KV heads, head dim 64) on left-padded rows, and are
-compared with the same arithmetic in float64: the grouped attention passes where its error is no larger than
-eager's own (mean and max, within 25 %), so that a difference between the two is bfloat16 rounding, not a bug.
-A decode step (one query) runs fused (attend_fused), and also unfused (attend, eager's arithmetic: bitwise_equal).
-A prefill of more scores than sink_attention.SCORES_AT_ONCE runs in chunks of queries: the last row forces chunks at
-the prefill's shape (its queries_at_once). Also times one layer's attention of each (CUDA events; on the CPU, wall
-time).
     python benchmarks/check_sink_attention.py [--batch 301] [--out rows.jsonl]
+Both in bfloat16 at gpt-oss-20b's shapes on left-padded rows, against the same arithmetic in float64: the grouped
+attention passes where its error is no larger than eager's own (mean and max, within 25 %). A decode step runs fused
+and unfused (eager's arithmetic: bitwise_equal); the last row forces a prefill in chunks of queries. Each is timed.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lora_pipeline.evaluate import sink_attention  # noqa: E402
 from lora_pipeline.evaluate.sink_attention import grouped_sink_attention  # noqa: E402
-from timing import seconds_per_call  # noqa: E402  (this folder's)
+from bench_rows import emit  # noqa: E402  (this folder's)
+from timing import seconds_per_call  # noqa: E402
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 64
@@ -91,10 +87,7 @@ def main():
     shapes = [(1, 128, None), (1, 384, None), (1, 640, None), (1, 851, None), (128, 128, None), (128, 128, 48)]
     rows = [check(args.batch, q_len, k_len, device, chunk) for q_len, k_len, chunk in shapes]
     for row in rows:
-        print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        emit(row, args.out)
     if not all(row["passed"] for row in rows):
         sys.exit(f"grouped_sink_attention's error exceeds eager's by more than {TOLERANCE}x")
 

@@ -1,19 +1,10 @@
 #!/usr/bin/env bash
-# make pipeline RECIPE=<qwen2-0.5b|gpt-oss-20b|default>: a recipe's whole pipeline offline, each stage timed.
-# In a scratch copy of this repo (PIPELINE_WORK, default /tmp/pipeline-<recipe>), with stand-ins for what only the
-# Hub serves: the recipe's model at full size, random init (gpt-oss-20b in MXFP4), a locally trained tokenizer of its
-# vocabulary size, built-in rows in the recipe's data format; MGSM from MGSM_DIR. Every stage of dvc.yaml in order,
-# through `dvc repro -s <stage>` (DVC installed) or its cmd; one JSON line per stage to PIPELINE_OUT
-# (default bench/pipeline.jsonl). Re-running with the same PIPELINE_WORK reuses the stand-ins, and DVC skips the
-# stages already done (PIPELINE_FORCE=1 runs them again).
-#   PIPELINE_EXP="lora.r=16" bash benchmarks/pipeline.sh gpt-oss-20b   then `dvc exp run -S lora.r=16` in the copy
-#                                                                     (git set up there), each stage it runs timed
+# make pipeline RECIPE=<qwen2-0.5b|gpt-oss-20b|default>: a recipe's whole pipeline offline, each stage timed, in a
+# scratch copy (PIPELINE_WORK) with stand-ins for what only the Hub serves; one JSON line per stage to PIPELINE_OUT
+# (default bench/pipeline.jsonl). How, and MGSM_DIR, PIPELINE_ACCELERATE, _SET, _EXP, _FORCE, _TINY and _ROWS:
+# docs/performance.md#the-whole-pipeline-stage-by-stage-make-pipeline. Also PIPELINE_NOTE (recorded in each row),
+# PIPELINE_COMMIT, PIPELINE_CMD=1 (each stage's cmd, not `dvc repro -s`).
 #   bash benchmarks/pipeline.sh gpt-oss-20b [stage ...]   only those stages
-# Env: MGSM_DIR (default ../shared/data/mgsm; none: no MGSM), PIPELINE_ACCELERATE (default single_gpu),
-# PIPELINE_SET ("key=value ..." params overrides after the recipe), PIPELINE_NOTE (recorded in each row),
-# PIPELINE_COMMIT, PIPELINE_TREE=head (HEAD's files instead of the working tree's), PIPELINE_CMD=1 (the stages' cmd
-# even where DVC is installed), PIPELINE_TINY=1 and PIPELINE_ROWS=N (a reduced model and fewer rows: a check of the
-# stand-ins on a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -40,8 +31,7 @@ command -v accelerate >/dev/null || printf '#!/bin/sh\nexec %s -m accelerate.com
 chmod +x "$WORK/bin/"* 2>/dev/null || true
 export PATH="$WORK/bin:$PATH"
 
-REPO=$(PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/pipeline_setup.py copy --work "$WORK" \
-  ${PIPELINE_TREE:+--tree "$PIPELINE_TREE"})
+REPO=$(PYTHONPATH="$SRC${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/pipeline_setup.py copy --work "$WORK")
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # the copy's code, where the package is installed elsewhere
 SETS=()

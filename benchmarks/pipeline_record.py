@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
+from lora_pipeline.config.dvcfiles import stage, stages
 
 # dvc repro's lines for a stage it did not run
 NOT_RUN = r"(?:didn't change, skipping|is cached - skipping run)"
@@ -31,40 +31,14 @@ LARGEST_COMMITTED_BYTES = 50 * 2**20
 LOG_TAIL_LINES = 30
 
 
-def dvc_available() -> bool:
-    try:
-        import dvc.repo  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def stage_names(repo: Path) -> list[str]:
     """dvc.yaml's stages in the order written (the pipeline's order)."""
-    if dvc_available():
-        from lora_pipeline.config.dvcfiles import stages
-
-        return list(stages(repo))
-    return list((yaml.safe_load((repo / "dvc.yaml").read_text()) or {}).get("stages", {}))
+    return list(stages(repo))
 
 
 def stage_cmd(name: str, repo: Path) -> str:
-    """The stage's command with `${...}` resolved from params.yaml (DVC's own interpolation where DVC is there)."""
-    if dvc_available():
-        from lora_pipeline.config.dvcfiles import stage
-
-        cmd = stage(name, repo)["cmd"]
-    else:
-        cmd = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"][name]["cmd"]
-        params = yaml.safe_load((repo / "params.yaml").read_text())
-
-        def value(match):
-            node = params
-            for part in match.group(1).strip().split("."):
-                node = node[part]
-            return str(node)
-
-        cmd = re.sub(r"\$\{([^}]+)\}", value, cmd) if isinstance(cmd, str) else cmd
+    """The stage's command with `${...}` resolved from params.yaml by DVC's own interpolation."""
+    cmd = stage(name, repo)["cmd"]
     return cmd if isinstance(cmd, str) else " && ".join(cmd)
 
 
@@ -185,14 +159,13 @@ def row_of(recipe: str, stage: str, seconds: float, peak_gib: float | None, gpus
 
 
 def run_pipeline(repo: Path, recipe: str, out: Path, commit: str, only: list[str] = (), force: bool = False,
-                 use_dvc: bool | None = None, echo: bool = True, note: str = "") -> list[dict]:
-    """Each stage (all of dvc.yaml's, or `only`) through `dvc repro -s` (else its cmd); a row per stage run appended
+                 use_dvc: bool = True, echo: bool = True, note: str = "") -> list[dict]:
+    """Each stage (all of dvc.yaml's, or `only`) through `dvc repro -s` (or its cmd); a row per stage run appended
     to `out`. Stops at the first failing stage. Returns the rows, with those dvc skipped marked `skipped`."""
     names = stage_names(repo)
     unknown = [name for name in only if name not in names]
     if unknown:
         raise SystemExit(f"pipeline: no stage {', '.join(unknown)} in {repo}/dvc.yaml; stages: {', '.join(names)}")
-    use_dvc = dvc_available() if use_dvc is None else use_dvc
     runner = Runner(repo, repo.parent / "logs", echo)
     gpus = gpu_count()
     rows = []
@@ -322,14 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the JSON lines file rows are appended to")
     parser.add_argument("--commit", default="unknown", help="the source's commit, recorded in each row")
     parser.add_argument("--force", action="store_true", help="dvc repro -f: run stages that are up to date too")
-    parser.add_argument("--cmd", action="store_true", help="run each stage's cmd even where DVC is installed")
+    parser.add_argument("--cmd", action="store_true", help="run each stage's cmd instead of `dvc repro -s`")
     parser.add_argument("--note", default="", help="recorded in each row (what this run was: its overrides, why)")
     parser.add_argument("--exp", nargs="+", metavar="KEY=VALUE",
                         help="after the stages, `dvc exp run -S KEY=VALUE ...` in the copy (git set up there), each "
                              "stage it runs timed")
     args = parser.parse_args(argv)
     rows = run_pipeline(args.repo.resolve(), args.recipe, args.out.resolve(), args.commit, args.stages, args.force,
-                        False if args.cmd else None, note=args.note)
+                        not args.cmd, note=args.note)
     if args.exp and all(r["status"] == 0 for r in rows):
         rows += exp_run(args.repo.resolve(), args.recipe, args.out.resolve(), args.commit, args.exp, note=args.note)
     print(f"\n{args.recipe} ({rows[0]['gpus'] if rows else 0} GPU, {rows[0]['ran'] if rows else '-'}; "

@@ -44,19 +44,12 @@ class SetupError(RuntimeError):
     """A stand-in or the params cannot be built; the message names the file or key and the way on."""
 
 
-def copy_repo(source: Path, dest: Path, tree: str = "worktree", exclude: Path | None = None) -> None:
+def copy_repo(source: Path, dest: Path, exclude: Path | None = None) -> None:
     """The project's files into dest (outputs already there are kept, RUN_STATE too): the working tree's tracked
-    and untracked, not ignored files (`git ls-files`), HEAD's files (tree="head"), or, without git, all but
-    COPY_IGNORE, DVC's cache and outputs. Nothing under `exclude` (default: dest) is copied, nor an earlier run's
-    stand-in data."""
+    and untracked, not ignored files (`git ls-files`), or, without git, all but COPY_IGNORE, DVC's cache and outputs.
+    Nothing under `exclude` (default: dest) is copied, nor an earlier run's stand-in data."""
     dest.mkdir(parents=True, exist_ok=True)
     git = shutil.which("git") and (source / ".git").exists()
-    if tree == "head":
-        if not git:
-            raise SetupError(f"PIPELINE_TREE=head needs git and {source}/.git")
-        archive = subprocess.run(["git", "archive", "HEAD"], cwd=source, check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-        return
 
     def wanted(path: Path) -> bool:
         return not (path.is_relative_to(exclude or dest)
@@ -269,11 +262,7 @@ def mgsm_folder(value: str) -> str | None:
 
 def dvc_config(repo: Path) -> None:
     """DVC in the copy without git (core.no_scm), outputs hardlinked from its cache instead of copied (gpt-oss-20b's
-    base and merged model are 13 GB each), analytics off; only if DVC is installed."""
-    try:
-        import dvc  # noqa: F401
-    except ImportError:
-        return
+    base and merged model are 13 GB each), analytics off."""
     (repo / ".dvc").mkdir(exist_ok=True)
     (repo / ".dvc" / "config.local").write_text("[core]\n    no_scm = true\n    analytics = false\n"
                                                 "[cache]\n    type = \"hardlink,symlink,copy\"\n")
@@ -322,30 +311,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     copy = sub.add_parser("copy", help="copy this repo's files to WORK/repo (outputs there are kept); print it")
-    copy.add_argument("--tree", choices=["worktree", "head"], default="worktree",
-                      help="the working tree's files (default) or HEAD's")
     build = sub.add_parser("build", help="in a scratch copy: the recipe's stand-ins under WORK and its params.yaml")
     build.add_argument("recipe", choices=RECIPES)
     build.add_argument("--mgsm", default="none", help="folder of mgsm_<lang>.tsv; none: no MGSM")
     build.add_argument("--accelerate", help="train.accelerate_config (recipes default to single_gpu)")
     build.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a params key after the recipe, e.g. eval.batch_size=320")
-    model = sub.add_parser("stand-in", help="only the recipe's stand-in model and data under WORK; print the model's "
-                           "folder")
-    model.add_argument("recipe", choices=list(STAND_INS))
-    for command in (build, model):
-        command.add_argument("--tiny", action="store_true", help="reduced sizes of the architecture (tests only)")
-        command.add_argument("--rows", type=int, help="data rows (default: the recipe's stand-in size)")
-    for command in (copy, build, model):
+    build.add_argument("--tiny", action="store_true", help="reduced sizes of the architecture (tests only)")
+    build.add_argument("--rows", type=int, help="data rows (default: the recipe's stand-in size)")
+    for command in (copy, build):
         command.add_argument("--work", type=Path, required=True, help="where the copy (WORK/repo), model and data go")
     args = parser.parse_args(argv)
     work = args.work.resolve()
     try:
         if args.command == "copy":
-            copy_repo(ROOT, work / "repo", args.tree, exclude=work)
+            copy_repo(ROOT, work / "repo", exclude=work)
             print(work / "repo")
-        elif args.command == "stand-in":
-            print(stand_ins(args.recipe, work, args.tiny, args.rows)[0])
         else:
             setup(args.recipe, work, ROOT, args.mgsm, args.accelerate, args.tiny, args.rows, args.set)
     except (SetupError, ParamsError, FileNotFoundError) as exc:

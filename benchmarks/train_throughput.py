@@ -1,21 +1,11 @@
 """Training throughput of a recipe on GPUs, through the train stage's own trainer, on the standard workload.
 
-The model is the recipe's architecture at full size (or reduced depth), randomly initialised and saved to disk
-first, then built by lora_pipeline.train.training.build_trainer exactly as the train stage builds it (loader, speed
-levers, Liger, LoRA, SFTConfig), from the recipe file plus any `--set key=value` overrides. The workload is the
-seed baseline's (../shared/bench/seed_baseline.py), so the two tokens/s figures compare as a ratio on one machine.
-
     accelerate launch --config_file configs/accelerate/multi_gpu_2.yaml benchmarks/train_throughput.py \
         --recipe qwen2-0.5b --arch qwen2-0.5b --out ours.jsonl
-Prints one JSON line: tokens/s over all processes (non-padding tokens after warm-up), step time, peak GiB per
-GPU while training and while loading, MFU, the global batch and the implementations that ran.
-
-gpt-oss-20b as its recipe trains (frozen experts kept in MXFP4, lora_pipeline.model.mxfp4_experts; no recompute), its
-global batch of 16 (train.global_batch_size) on one GPU in micro-batches of 4 (4 x GA 4; the recipe's 8 gives 8 x GA 2),
-the experts' glue as the train stage runs it (compiled on a GPU) or forced; a split set by hand needs
---set train.global_batch_size=0 beside it:
-    python benchmarks/train_throughput.py --recipe gpt-oss-20b --arch gpt-oss-20b \
-        --set train.sft.per_device_train_batch_size=4 [--experts-glue eager]
+The model (the recipe's architecture, random init) is saved to disk first and built by build_trainer as the train
+stage builds it, from the recipe plus any `--set key=value`; the workload is the seed baseline's, so the tokens/s
+compare as a ratio on one machine. A split of the global batch set by hand needs --set train.global_batch_size=0.
+One JSON line: docs/performance.md#how-it-is-measured says what each figure is.
 """
 import argparse
 import collections
@@ -36,8 +26,8 @@ import torch
 
 from cli.recipes import apply_sets, compose
 from lora_pipeline.config.params import for_stage, validate
-from lora_pipeline.model.mxfp4_experts import DECODERS, GLUES, forced_path, paths_run
-from lora_pipeline.train.training import build_trainer, save_adapter
+from lora_pipeline.model.mxfp4_experts import paths_run
+from lora_pipeline.train.training import build_trainer
 from bench_rows import emit
 
 # The seed baseline's standard workloads (same generator, same seeds).
@@ -45,7 +35,7 @@ WORKLOADS = {
     "qwen2-0.5b": dict(n=2000, median=600, sigma=0.7, lo=32, hi=4096, vocab=151936, seed=1),
     "gpt-oss-20b": dict(n=200, median=900, sigma=0.6, lo=64, hi=4096, vocab=201088, seed=2),
 }
-WARM_STEPS = {"qwen2-0.5b": 3, "gpt-oss-20b": 3}  # gpt-oss: flex attention compiles for the first shapes, then dynamic ones
+WARM_STEPS = 3  # untimed: compiles for the first shapes, then dynamic ones
 # Dense bf16 peak of the H100/H200 SXM by the datasheet (no sparsity), for MFU.
 PEAK_FLOPS = 989e12
 
@@ -80,24 +70,21 @@ def builtin_workload(n: int, seed: int) -> list[dict]:
 
 def build_checkpoint(arch: str, layers: int | None, out: Path) -> None:
     """Random-init model of the real config, saved as the train stage would find it in models/base."""
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
     from tokenizers import Tokenizer, models
+
+    from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
+    from pipeline_setup import gpt_oss_20b_config, qwen2_0_5b_config, random_bf16_model  # benchmarks/
 
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1, "<unk>": 2},
                                                                               unk_token="<unk>")),
                                   pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
     torch.manual_seed(0)
     if arch == "qwen2-0.5b":  # Qwen/Qwen2-0.5B's config.json
-        cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=layers or 24,
-                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=131072,
-                          rope_theta=1e6, tie_word_embeddings=True, rms_norm_eps=1e-6, use_cache=False)
         with torch.device("cuda"):
-            model = Qwen2ForCausalLM(cfg)
+            model = Qwen2ForCausalLM(qwen2_0_5b_config(num_hidden_layers=layers or 24, use_cache=False))
         model.save_pretrained(out)
-    else:  # openai/gpt-oss-20b's config.json, experts written in MXFP4 like the released checkpoint
-        from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
-        from pipeline_setup import gpt_oss_20b_config, random_bf16_model  # benchmarks/, the script's folder
-
+    else:  # openai/gpt-oss-20b's, experts written in MXFP4 like the released checkpoint
         model = random_bf16_model(gpt_oss_20b_config(layers or 24), "cuda")
         save_mxfp4_checkpoint(model, out)
     tok.save_pretrained(out)
@@ -140,18 +127,8 @@ def main():
     parser.add_argument("--seed-result", help="the seed baseline's JSON lines from the same call: adds the ratio")
     parser.add_argument("--commit", default="", help="the project's git commit, recorded with the result")
     parser.add_argument("--out", help="append the JSON line to this file")
-    parser.add_argument("--save-adapter", metavar="DIR", help="after the steps, save the adapter as the train stage "
-                        "does (every process takes part: FSDP and DeepSpeed gather the shards)")
-    parser.add_argument("--experts-glue", choices=["auto", *GLUES], default="auto",
-                        help="model.experts_implementation grouped_mm_mxfp4 only: the elementwise work between the "
-                        "experts' grouped GEMMs as torch ops (eager) or compiled by Inductor")
-    parser.add_argument("--experts-decoder", choices=["auto", *DECODERS], default="auto",
-                        help="model.experts_implementation grouped_mm_mxfp4 only: how the packed expert weights are "
-                        "decoded (mxfp4_experts.DECODERS)")
     parser.add_argument("--logging-steps", type=int, help="log (and read the loss) every N steps (default: the "
                         "recipe's train.sft.logging_steps; with --workload builtin, 1)")
-    parser.add_argument("--sync-each-step", action="store_true", help="wait for the GPU at every step's end, as the "
-                        "seed baseline does (default: at the two timing marks only, as the train stage runs)")
     parser.add_argument("--sync-debug", action="store_true", help="after the timed (and profiled) steps, run one "
                         "more step under torch.cuda.set_sync_debug_mode and print where the host waited for the GPU")
     parser.add_argument("--stacks-every", type=int, metavar="S", help="print every thread's Python stack every S "
@@ -170,7 +147,7 @@ def main():
     if args.layers:
         cut_to_depth(raw, args.layers)
     raw = apply_sets(raw, args.set)
-    warm = WARM_STEPS[args.arch]
+    warm = WARM_STEPS
     raw["train"]["checkpoint_steps"] = 0
     profiled = 3 if args.profile else 0
     sync_step = warm + args.steps + profiled  # the step after it runs under the sync debug mode
@@ -189,18 +166,13 @@ def main():
     marks, tokens, last, load_peak = {}, [0], [time.perf_counter()], [0.0]
 
     class Clock(TrainerCallback):
-        def on_train_begin(self, a, s, control, model=None, **kwargs):  # after accelerate has wrapped the model
-            from torch.distributed.fsdp import FSDPModule
-
-            units = sum(isinstance(m, FSDPModule) for m in model.modules())
+        def on_train_begin(self, a, s, control, **kwargs):  # after accelerate has wrapped the model
             load_peak[0] = torch.cuda.max_memory_allocated() / 2**30
-            print(f"# rank {state.process_index}: wrapped, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated"
-                  f" (peak while loading and wrapping {load_peak[0]:.1f}), {units} FSDP units", flush=True)
             torch.cuda.reset_peak_memory_stats()  # peak_gib: training alone
 
         def on_step_end(self, a, s, control, **kwargs):
             marked = s.global_step in (warm, warm + args.steps)
-            if marked or args.sync_each_step:  # else the host runs ahead of the GPU, as in the train stage
+            if marked:  # else the host runs ahead of the GPU, as in the train stage
                 torch.cuda.synchronize()
             now = time.perf_counter()
             if state.is_main_process:  # progress (as the host sees it): compile time shows up as slow first steps
@@ -244,9 +216,7 @@ def main():
     if args.sync_debug:  # only then: "always" would repeat every other warning at every step too
         show_warning, warnings.showwarning = warnings.showwarning, note_sync
         warnings.simplefilter("always", UserWarning)
-    with forced_path(glue=None if args.experts_glue == "auto" else args.experts_glue,
-                     decoder=None if args.experts_decoder == "auto" else args.experts_decoder):
-        trainer.train()
+    trainer.train()
     torch.cuda.set_sync_debug_mode(0)
     if args.sync_debug and state.is_main_process:
         print(f"# host waits for the GPU in one step: {sum(syncs.values())}", flush=True)
@@ -277,11 +247,10 @@ def main():
                "global_batch": sft.per_device_train_batch_size * sft.gradient_accumulation_steps * state.num_processes,
                "micro_batch": sft.per_device_train_batch_size, "grad_accum": sft.gradient_accumulation_steps,
                "max_length": raw["train"]["sft"]["max_length"], "logging_steps": sft.logging_steps,
-               "dtype": raw["model"]["dtype"],
+               "dtype": raw["model"]["dtype"], "commit": args.commit,
                "implementations": implementations, "mxfp4_paths": paths_run(trainer.model), "overrides": args.set,
                "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
-               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-               "synchronized": "each step" if args.sync_each_step else "at the marks", "commit": args.commit}
+               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
         if args.seed_result and Path(args.seed_result).is_file():
             seeds = [json.loads(line) for line in Path(args.seed_result).read_text().splitlines() if line.strip()]
             same_arch = [r for r in seeds if r["recipe"] == args.arch]  # none when the seed ran another arch
@@ -290,12 +259,6 @@ def main():
                 row |= {"seed_tokens_per_s": seed["tokens_per_s"], "seed_peak_gib": seed["peak_gib"],
                         "ratio": round(tokens_per_s / seed["tokens_per_s"], 2)}
         emit(row, args.out)
-    if args.save_adapter:  # after the figures are out: gathering a sharded adapter is not part of the timed steps
-        start = time.perf_counter()
-        save_adapter(trainer, Path(args.save_adapter))
-        if state.is_main_process:
-            print(f"# adapter saved to {args.save_adapter} in {time.perf_counter() - start:.1f}s, peak "
-                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB on rank 0", flush=True)
 
 
 if __name__ == "__main__":

@@ -270,7 +270,7 @@ def test_use_for_generation_takes_the_captured_step_where_it_can(tmp_path, tiny_
 
 def test_the_captured_step_decodes_sliding_window_layers_with_sinks_as_generate(tiny_gpt_oss, monkeypatch):
     # The window (16 tokens) fills during the prompt (padded to it) and slides for 40 tokens, a ring written in place;
-    # the full-attention layers read blocks of 8 slots; the attention sinks matter (test_continuous_batching). Every
+    # the full-attention layers read blocks of 8 slots; the attention sinks matter (test_window_and_sinks). Every
     # row runs the full length: no end of sequence.
     monkeypatch.setattr(captured_decode, "READ_BLOCK", 8)
     model = decoding_gpt_oss(tiny_gpt_oss)
