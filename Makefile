@@ -44,16 +44,16 @@ recipe: setup
 exps: setup
 	@$(RUN) python -m cli.experiments
 
-# make bench RECIPE=qwen2-0.5b (on a GPU machine): seed baseline and ours in one go -> bench/results.jsonl
+# make bench RECIPE=qwen2-0.5b (on a GPU machine): seed baseline and ours in one go -> measurements/results.jsonl
 bench:
 	bash benchmarks/bench.sh $(RECIPE)
 
-# make bench-history [RECIPE=qwen2-0.5b]: every row of bench/*.jsonl as a table, one per file (stdlib only, no venv)
+# make bench-history [RECIPE=qwen2-0.5b]: every row of measurements/*.jsonl, a table per file (stdlib only, no venv)
 bench-history:
 	@python3 benchmarks/bench_history.py $(if $(RECIPE),--recipe $(RECIPE))
 
 # make pipeline RECIPE=qwen2-0.5b (or gpt-oss-20b, default): the recipe's whole pipeline offline at full size, every
-# stage timed -> bench/pipeline.jsonl (benchmarks/pipeline.sh says how)
+# stage timed -> measurements/pipeline.jsonl (benchmarks/pipeline.sh says how)
 pipeline:
 	$(RUN) bash benchmarks/pipeline.sh $(RECIPE)
 

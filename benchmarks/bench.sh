@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench RECIPE=<qwen2-0.5b|gpt-oss-20b>: on a GPU machine (requirements-gpu.txt), the seed baseline, then
-# train_throughput.py on one GPU and on every visible GPU; a JSON line per run appended to bench/results.jsonl
+# train_throughput.py on one GPU and on every visible GPU; a JSON line per run appended to measurements/results.jsonl
 # (docs/performance.md#how-it-is-measured). PROFILE=<path prefix> also writes each run's top kernels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +8,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package, where it is 
 RECIPE=${1:?usage: benchmarks/bench.sh <qwen2-0.5b|gpt-oss-20b> [extra train_throughput.py args]}
 shift
 SEED_BASELINE=${SEED_BASELINE:-../shared/bench/seed_baseline.py}
-RUNS=${BENCH_RUNS:-/tmp/bench-runs}; RESULTS=${BENCH_RESULTS:-bench/results.jsonl}
+RUNS=${BENCH_RUNS:-/tmp/bench-runs}; RESULTS=${BENCH_RESULTS:-measurements/results.jsonl}
 COMMIT=${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 mkdir -p "$RUNS" "$(dirname "$RESULTS")"

@@ -1,4 +1,4 @@
-"""Print bench/*.jsonl as tables: one per file, the columns its rows hold, a dash where a row lacks one."""
+"""Print measurements/*.jsonl as tables: one per file, the columns its rows hold, a dash where a row lacks one."""
 import argparse
 import json
 import re
@@ -105,12 +105,12 @@ def table(rows: list[dict], extra: tuple[str, ...] = ()) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("files", nargs="*", type=Path, help="JSON Lines files (default: bench/*.jsonl)")
+    parser.add_argument("files", nargs="*", type=Path, help="JSON Lines files (default: measurements/*.jsonl)")
     parser.add_argument("--recipe", help="only the rows of this recipe")
     parser.add_argument("--keys", default="", help="more columns: row keys, comma-separated")
     args = parser.parse_args(argv)
     order = {"results.jsonl": 0, "pipeline.jsonl": 1}  # the training benchmark, then the pipeline, then the others
-    files = args.files or sorted((ROOT / "bench").glob("*.jsonl"), key=lambda path: (order.get(path.name, 2), path))
+    files = args.files or sorted((ROOT / "measurements").glob("*.jsonl"), key=lambda f: (order.get(f.name, 2), f))
     extra = tuple(key for key in args.keys.split(",") if key)
     for index, path in enumerate(files):
         rows = [row for row in read_rows(path) if args.recipe in (None, row.get("recipe"))]

@@ -1,4 +1,4 @@
-"""A benchmark's result as one JSON line: printed, and appended to a bench/*.jsonl file when one is named."""
+"""A benchmark's result as one JSON line: printed, and appended to a measurements/*.jsonl file when one is named."""
 import json
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make pipeline RECIPE=<qwen2-0.5b|gpt-oss-20b|default>: a recipe's whole pipeline offline, each stage timed, in a
 # scratch copy (PIPELINE_WORK) with stand-ins for what only the Hub serves; one JSON line per stage to PIPELINE_OUT
-# (default bench/pipeline.jsonl). How, and MGSM_DIR, PIPELINE_ACCELERATE, _SET, _EXP, _FORCE, _TINY and _ROWS:
+# (default measurements/pipeline.jsonl). How, and MGSM_DIR, PIPELINE_ACCELERATE, _SET, _EXP, _FORCE, _TINY and _ROWS:
 # docs/performance.md#the-whole-pipeline-stage-by-stage-make-pipeline. Also PIPELINE_NOTE (recorded in each row),
 # PIPELINE_COMMIT, PIPELINE_CMD=1 (each stage's cmd, not `dvc repro -s`).
 #   bash benchmarks/pipeline.sh gpt-oss-20b [stage ...]   only those stages
@@ -11,7 +11,7 @@ SRC=$PWD
 RECIPE=${1:?usage: benchmarks/pipeline.sh <qwen2-0.5b|gpt-oss-20b|default> [stage ...]}
 shift
 WORK=${PIPELINE_WORK:-/tmp/pipeline-$RECIPE}
-OUT=${PIPELINE_OUT:-bench/pipeline.jsonl}
+OUT=${PIPELINE_OUT:-measurements/pipeline.jsonl}
 mkdir -p "$WORK" "$(dirname "$OUT")"
 WORK=$(cd "$WORK" && pwd) OUT=$(cd "$(dirname "$OUT")" && pwd)/$(basename "$OUT")  # absolute: the rest runs in the copy
 MGSM=${MGSM_DIR:-../shared/data/mgsm}

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ("default", "qwen2-0.5b", "gpt-oss-20b")
 # What the copy leaves out where the source has no git to list its files: environments, stores, DVC outputs.
 COPY_IGNORE = {".venv", ".git", "__pycache__", ".pytest_cache", "mlflow.db", "mlartifacts", "mlruns", "models",
-               "metrics", "plots", "reports", "checkpoints", "logs", ".whl", "dvc_plots", "bench"}
+               "metrics", "plots", "reports", "checkpoints", "logs", ".whl", "dvc_plots", "measurements"}
 
 # What the stages write that git also tracks (dvc.lock, metrics, plots, reports): a copy made again over an
 # earlier run keeps that run's, so DVC sees its stages done and register reads their own figures.

@@ -1,4 +1,4 @@
-"""benchmarks/bench_history.py: bench/*.jsonl rows of differing keys as one readable table per file."""
+"""benchmarks/bench_history.py: measurements/*.jsonl rows of differing keys as one readable table per file."""
 import importlib.util
 import json
 
@@ -99,7 +99,7 @@ def test_a_line_that_is_not_a_json_object_names_its_file_and_line(tmp_path):
 
 
 def test_every_committed_row_prints_as_one_line(capsys):
-    files = sorted((ROOT / "bench").glob("*.jsonl"))
+    files = sorted((ROOT / "measurements").glob("*.jsonl"))
     assert files
     bench_history.main([str(path) for path in files])
     out = capsys.readouterr().out

@@ -193,7 +193,7 @@ def test_stage_commands_resolve_params(tmp_path):
 
 def test_one_row_per_stage_until_the_first_failure(tmp_path, capsys):
     repo = fake_repo(tmp_path)
-    out = tmp_path / "bench" / "pipeline.jsonl"
+    out = tmp_path / "measurements" / "pipeline.jsonl"
     rows = record.run_pipeline(repo, "fake", out, "abc1234", use_dvc=False, echo=False)
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert written == rows and [r["stage"] for r in rows] == ["a", "b"]
