@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 
 from lora_pipeline.data import builtin as builtin_data
-from lora_pipeline.evaluate import sink_attention
+from lora_pipeline.families.gpt_oss import sink_attention
 from lora_pipeline.evaluate.captured_decode import greedy_generate
 from lora_pipeline.evaluate.generation import decode_step_options, use_for_generation
 from lora_pipeline.evaluate.window_cache import sliding_window

@@ -15,14 +15,15 @@ Checks, each as max |logit diff| and |loss diff| against a float32 eager referen
     attention;
   - varlen_sinks: the same for a 2-layer gpt-oss (a sliding-window and a full layer, sinks away from zero, attention
     LoRA), its sinks folded around the kernel, vs bf16 flex attention and float32 eager (their masks built from the
-    position_ids, as train builds them: lora_pipeline.model.loading.mask_packed_rows);
+    position_ids, as train builds them: lora_pipeline.families.gpt_oss.packed_masks.mask_packed_rows);
   - generation: the implementations evaluate decodes with (lora_pipeline.evaluate.generation.use_for_generation, from
     a model loaded as the recipes train it), greedy with a KV cache after left-padded prompts; each step's logits
     against a float32 forward over the same tokens with eager attention and the eager experts loop;
-  - mxfp4_experts: gpt-oss's frozen experts packed in MXFP4 (grouped_mm_mxfp4, lora_pipeline.model.mxfp4_experts) vs the
-    bf16 grouped_mm path over the same MXFP4 values, 2 layers of gpt-oss-20b's shapes: logits, loss, the input
-    embeddings' and attention LoRA's gradients, the model's bytes, the extra peak memory of a forward + backward and
-    its time; and one layer's experts alone (forward + backward, 8192 tokens), with the time of one weight decode.
+  - mxfp4_experts: gpt-oss's frozen experts packed in MXFP4 (grouped_mm_mxfp4,
+    lora_pipeline.families.gpt_oss.mxfp4_experts) vs the bf16 grouped_mm path over the same MXFP4 values, 2 layers
+    of gpt-oss-20b's shapes: logits, loss, the input embeddings' and attention LoRA's gradients, the model's bytes,
+    the extra peak memory of a forward + backward and its time; and one layer's experts alone (forward + backward,
+    8192 tokens), with the time of one weight decode.
 bf16 tolerance: a swap passes when its error against the float32 reference is at most 2x the stock bf16 path's
 own error plus 1e-2 (bf16 keeps 8 bits of mantissa: ~4e-3 relative per rounding); for gradients the same on the
 relative norm of the error.
@@ -163,7 +164,7 @@ def packed_lora(rows, label: str, candidates: dict, model: str = "qwen2") -> Non
     from peft import LoraConfig, get_peft_model
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from lora_pipeline.model.loading import mask_packed_rows
+    from lora_pipeline.families.gpt_oss.packed_masks import mask_packed_rows
     from lora_pipeline.model.varlen_attention import register
     from lora_pipeline.train.training import compile_decoder_layers
 
@@ -274,7 +275,7 @@ def check_generation(rows):
 def mxfp4_values(model) -> None:
     """Every expert weight replaced, in place, by its MXFP4 round trip: the values a dequantized MXFP4 checkpoint
     holds (what grouped_mm_mxfp4 packs losslessly)."""
-    from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk, expert_to_disk
+    from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import expert_from_disk, expert_to_disk
 
     with torch.no_grad():
         for name, weight in model.named_parameters():
@@ -343,9 +344,10 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
     the eager experts loop."""
     from pipeline_setup import gpt_oss_20b_config, random_bf16_model  # benchmarks/, the script's folder
 
-    from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk
-    from lora_pipeline.model.mxfp4_experts import (decode_weight, forced_path, grouped_mm_mxfp4_experts_forward,
-                                             pack_experts, paths_run)
+    from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import expert_from_disk
+    from lora_pipeline.families.gpt_oss.mxfp4_experts import (decode_weight, forced_path,
+                                                              grouped_mm_mxfp4_experts_forward, pack_experts,
+                                                              paths_run)
 
     config = gpt_oss_20b_config(layers, vocab_size=4096)
     torch.manual_seed(0)

@@ -1,4 +1,5 @@
-"""GPU check: lora_pipeline.evaluate.sink_attention, gpt-oss's decoding attention, against transformers' eager one.
+"""GPU check: lora_pipeline.families.gpt_oss.sink_attention, gpt-oss's decoding attention, against transformers'
+eager one.
 
 Both run in bfloat16 at gpt-oss-20b's shapes (64 query heads, 8 KV heads, head dim 64) on left-padded rows, and are
 compared with the same arithmetic in float64: the grouped attention passes where its error is no larger than
@@ -20,8 +21,8 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lora_pipeline.evaluate import sink_attention  # noqa: E402
-from lora_pipeline.evaluate.sink_attention import grouped_sink_attention  # noqa: E402
+from lora_pipeline.families.gpt_oss import sink_attention  # noqa: E402
+from lora_pipeline.families.gpt_oss.sink_attention import grouped_sink_attention  # noqa: E402
 from timing import seconds_per_call  # noqa: E402  (this folder's)
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward  # noqa: E402
 

@@ -32,7 +32,7 @@ from transformers import ContinuousBatchingConfig, GenerationConfig
 
 from lora_pipeline.config.params import LANGUAGE_NAMES
 from lora_pipeline.data import builtin as builtin_data
-from lora_pipeline.evaluate import sink_attention
+from lora_pipeline.families.gpt_oss import sink_attention
 from lora_pipeline.evaluate.generation import generate, use_for_generation
 from lora_pipeline.model.chat import prompt_messages
 from lora_pipeline.model.loading import experts_implementation, load_model, load_tokenizer, set_experts_implementation

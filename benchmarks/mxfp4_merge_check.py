@@ -30,10 +30,10 @@ from types import SimpleNamespace
 
 import torch
 
-from lora_pipeline.merge.check import compare_logits
+from lora_pipeline.merge.merged_checks import compare_logits
 from lora_pipeline.model.loading import load_model
-from lora_pipeline.model.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
+from lora_pipeline.families.gpt_oss.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import save_mxfp4_checkpoint
 from pipeline_setup import gpt_oss_20b_config, random_bf16_model  # benchmarks/, the script's folder
 
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")

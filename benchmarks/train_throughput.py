@@ -10,7 +10,7 @@ seed baseline's (../shared/bench/seed_baseline.py), so the two tokens/s figures 
 Prints one JSON line: tokens/s over all processes (non-padding tokens after warm-up), step time, peak GiB per
 GPU while training and while loading, MFU, the global batch and the implementations that ran.
 
-gpt-oss-20b as its recipe trains (frozen experts kept in MXFP4, lora_pipeline.model.mxfp4_experts; no recompute), its
+gpt-oss-20b as its recipe trains (frozen experts kept in MXFP4, lora_pipeline.families.gpt_oss.mxfp4_experts; no recompute), its
 global batch of 16 (train.global_batch_size) on one GPU in micro-batches of 4 (4 x GA 4; the recipe's 8 gives 8 x GA 2),
 the experts' glue as the train stage runs it (compiled on a GPU) or forced; a split set by hand needs
 --set train.global_batch_size=0 beside it:
@@ -36,7 +36,7 @@ import torch
 
 from cli.recipes import apply_sets, compose
 from lora_pipeline.config.params import for_stage, validate
-from lora_pipeline.model.mxfp4_experts import DECODERS, GLUES, forced_path, paths_run
+from lora_pipeline.families.gpt_oss.mxfp4_experts import DECODERS, GLUES, forced_path, paths_run
 from lora_pipeline.train.training import build_trainer, save_adapter
 from bench_rows import emit
 from gpu_gaps import gap_table, spans_from_profiler
@@ -96,7 +96,7 @@ def build_checkpoint(arch: str, layers: int | None, out: Path) -> None:
             model = Qwen2ForCausalLM(cfg)
         model.save_pretrained(out)
     else:  # openai/gpt-oss-20b's config.json, experts written in MXFP4 like the released checkpoint
-        from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
+        from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import save_mxfp4_checkpoint
         from pipeline_setup import gpt_oss_20b_config, random_bf16_model  # benchmarks/, the script's folder
 
         model = random_bf16_model(gpt_oss_20b_config(layers or 24), "cuda")

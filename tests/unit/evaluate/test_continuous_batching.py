@@ -7,7 +7,7 @@ import pytest
 from conftest import ROOT
 from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
 from lora_pipeline.evaluate.generation import generate_from_prompts
-from lora_pipeline.evaluate import sink_attention
+from lora_pipeline.families.gpt_oss import sink_attention
 
 spec = importlib.util.spec_from_file_location("generation_speed", ROOT / "benchmarks" / "generation_speed.py")
 bench = importlib.util.module_from_spec(spec)
