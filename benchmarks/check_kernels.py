@@ -126,7 +126,7 @@ def packed_lora(rows, label: str, candidates: dict, model: str = "qwen2") -> Non
     from peft import LoraConfig, get_peft_model
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from lora_pipeline.model.loading import mask_packed_rows
+    from lora_pipeline.families.gpt_oss.packed_masks import mask_packed_rows
     from lora_pipeline.model.varlen_attention import register
     from lora_pipeline.train.training import compile_decoder_layers
 
@@ -269,7 +269,7 @@ def check_generation(rows):
 def mxfp4_values(model) -> None:
     """Every expert weight replaced, in place, by its MXFP4 round trip: the values a dequantized MXFP4 checkpoint
     holds (what grouped_mm_mxfp4 packs losslessly)."""
-    from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk, expert_to_disk
+    from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import expert_from_disk, expert_to_disk
 
     with torch.no_grad():
         for name, weight in model.named_parameters():
@@ -312,9 +312,9 @@ def check_mxfp4_experts(rows, layers=2, tokens=2048):
     the eager experts loop."""
     from pipeline_setup import gpt_oss_20b_config, random_bf16_model  # benchmarks/, the script's folder
 
-    from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk
-    from lora_pipeline.model.mxfp4_experts import (forced_path, grouped_mm_mxfp4_experts_forward, pack_experts,
-                                                   paths_run)
+    from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import expert_from_disk
+    from lora_pipeline.families.gpt_oss.mxfp4_experts import (forced_path, grouped_mm_mxfp4_experts_forward,
+                                                              pack_experts, paths_run)
 
     config = gpt_oss_20b_config(layers, vocab_size=4096)
     torch.manual_seed(0)

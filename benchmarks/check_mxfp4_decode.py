@@ -1,6 +1,6 @@
-"""GPU check: the packed experts' decoders (lora_pipeline.model.mxfp4_experts DECODERS) at gpt-oss-20b's expert
-shapes, against mxfp4.dequantize_mxfp4 bit for bit, each timed beside a plain copy of the decoded weight's bytes
-(the memory's pace). One JSON line per decoder and weight; exits non-zero if a decoder differs.
+"""GPU check: the packed experts' decoders (lora_pipeline.families.gpt_oss.mxfp4_experts DECODERS) at
+gpt-oss-20b's expert shapes, against mxfp4.dequantize_mxfp4 bit for bit, each timed beside a plain copy of the
+decoded weight's bytes (the memory's pace). One JSON line per decoder and weight; exits non-zero if a decoder differs.
     python benchmarks/check_mxfp4_decode.py [--experts 32] [--hidden 2880] [--decoders ...] [--out rows.jsonl]
 On a CPU (--device cpu, smaller --hidden) the decoders that run there are compared the same way.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4  # noqa: E402
-from lora_pipeline.model.mxfp4_experts import DECODERS, decode_weight  # noqa: E402
+from lora_pipeline.families.gpt_oss.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4  # noqa: E402
+from lora_pipeline.families.gpt_oss.mxfp4_experts import DECODERS, decode_weight  # noqa: E402
 from bench_rows import emit  # noqa: E402  (this folder's)
 from timing import seconds_per_call  # noqa: E402  (this folder's)
 

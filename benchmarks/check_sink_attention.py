@@ -1,4 +1,5 @@
-"""GPU check: lora_pipeline.evaluate.sink_attention, gpt-oss's decoding attention, against transformers' eager one.
+"""GPU check: lora_pipeline.families.gpt_oss.sink_attention, gpt-oss's decoding attention, against transformers'
+eager one.
 
     python benchmarks/check_sink_attention.py [--batch 301] [--out rows.jsonl]
 Both in bfloat16 at gpt-oss-20b's shapes on left-padded rows, against the same arithmetic in float64: the grouped
@@ -15,8 +16,8 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lora_pipeline.evaluate import sink_attention  # noqa: E402
-from lora_pipeline.evaluate.sink_attention import grouped_sink_attention  # noqa: E402
+from lora_pipeline.families.gpt_oss import sink_attention  # noqa: E402
+from lora_pipeline.families.gpt_oss.sink_attention import grouped_sink_attention  # noqa: E402
 from bench_rows import emit  # noqa: E402  (this folder's)
 from timing import seconds_per_call  # noqa: E402
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward  # noqa: E402

@@ -160,7 +160,7 @@ def build_model(recipe: str, out: Path, texts: list[str], tiny: bool = False) ->
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in FAMILIES[family]["eos"]]
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
     if config.model_type == "gpt_oss":
-        from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
+        from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import save_mxfp4_checkpoint
 
         save_mxfp4_checkpoint(model, out)
     else:

@@ -26,7 +26,7 @@ import torch
 
 from cli.recipes import apply_sets, compose
 from lora_pipeline.config.params import for_stage, validate
-from lora_pipeline.model.mxfp4_experts import paths_run
+from lora_pipeline.families.gpt_oss.mxfp4_experts import paths_run
 from lora_pipeline.train.training import build_trainer
 from bench_rows import emit
 
@@ -73,7 +73,7 @@ def build_checkpoint(arch: str, layers: int | None, out: Path) -> None:
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
     from tokenizers import Tokenizer, models
 
-    from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
+    from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import save_mxfp4_checkpoint
     from pipeline_setup import gpt_oss_20b_config, qwen2_0_5b_config, random_bf16_model  # benchmarks/
 
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<pad>": 0, "<eos>": 1, "<unk>": 2},

@@ -19,7 +19,7 @@ from lora_pipeline.config.params import load_params
 from lora_pipeline.data.hub import HubUnreachable, download_model
 from lora_pipeline.data.rows import DataError
 from lora_pipeline.data.sources import load_data
-from lora_pipeline.model.checks import check_model
+from lora_pipeline.model.base_checks import check_model
 
 RAW, BASE, METRICS = Path("data/raw"), Path("models/base"), Path("metrics/data.json")
 KEPT = f"{RAW}, {BASE} and {METRICS} are as they were"

@@ -1,8 +1,8 @@
 """merge: fold the LoRA adapter into the full-precision base weights (merge_and_unload), safetensors to models/merged.
 
     python -m stages.merge
-Checks the merged model weight by weight (lora_pipeline.merge.check): each adapted weight is the base's plus PEFT's
-LoRA delta within one rounding to model.dtype, every other weight is the base's (metrics/merge.json: weights.*).
+Checks the merged model weight by weight (lora_pipeline.merge.merged_checks): each adapted weight is the base's plus
+PEFT's LoRA delta within one rounding to model.dtype, every other weight is the base's (metrics/merge.json: weights.*).
 Beside it, reported and not gating, how far the merged model's logits are from the adapted model's on a few
 held-out conversations: in a 16-bit mixture of experts a rounding can send a token to other experts, so they move
 by chance. An adapter trained on a 4/8-bit base (QLoRA) is merged into the unquantized weights too; how far that
@@ -27,13 +27,13 @@ from lora_pipeline.config import outputs
 from lora_pipeline.config.outputs import read_jsonl, replace_dir, staging_dir, write_json
 from lora_pipeline.config.params import load_params
 from lora_pipeline.launch.stage_launch import seconds_since_launch
-from lora_pipeline.merge.check import adapter_load_problem, check_merged_weights, compare_logits, lora_weights
+from lora_pipeline.merge.merged_checks import adapter_load_problem, check_merged_weights, compare_logits, lora_weights
 from lora_pipeline.merge.over_base import (changed_weights, copy_problem, put_stored, save_over_base,
                                            verify_over_base)
 from lora_pipeline.model.chat import as_text
-from lora_pipeline.model.checks import BITSANDBYTES
+from lora_pipeline.model.base_checks import BITSANDBYTES
 from lora_pipeline.model.loading import device, inference_attention, load_model, load_tokenizer
-from lora_pipeline.model.mxfp4_checkpoint import (expert_values_changed, is_mxfp4_checkpoint, load_into,
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import (expert_values_changed, is_mxfp4_checkpoint, load_into,
                                                   merged_save_format, save_mxfp4_checkpoint)
 
 BASE, ADAPTER, MERGED = Path("models/base"), Path("models/adapter"), Path("models/merged")

@@ -14,7 +14,7 @@ import yaml
 from lora_pipeline.config.params import ROOT
 from lora_pipeline.data.builtin import LANGUAGES
 from lora_pipeline.data.sources import load_data
-from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import save_mxfp4_checkpoint
 from lora_pipeline.model.tiny import random_gpt_oss
 
 LANGUAGE_CODES = {name: code for code, name in LANGUAGES.items()}

@@ -55,9 +55,9 @@ def read_jsonl(path: Path) -> list[dict]:
 METRICS = {"train": Path("metrics/train.json"), "merge": Path("metrics/merge.json"), "eval": Path("metrics/eval.json")}
 # The dvc.yaml stage that writes each.
 WRITTEN_BY = {"train": "train", "merge": "merge", "eval": "evaluate"}
-# The figures of lora_pipeline.merge.check.compare_logits (merged against adapted) that merge reports in
+# The figures of lora_pipeline.merge.merged_checks.compare_logits (merged against adapted) that merge reports in
 # metrics/merge.json, beside adapter_relative_effect and its weight check's `weights`
-# (lora_pipeline.merge.check.WeightCheck), which gates.
+# (lora_pipeline.merge.merged_checks.WeightCheck), which gates.
 MERGE_LOGIT_FIGURES = ("max_abs_logit_diff", "relative_logit_diff", "mean_relative_logit_diff", "top1_agreement")
 
 

@@ -6,7 +6,7 @@ import torch
 from transformers import GenerationConfig, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from lora_pipeline.evaluate import sink_attention
+from lora_pipeline.families.gpt_oss import sink_attention
 from lora_pipeline.evaluate.window_cache import FullWindowLayer, WindowCache, sliding_window
 
 # Generation settings under which greedy decoding takes the plain argmax of the logits: any other value of these

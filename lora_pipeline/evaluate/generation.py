@@ -9,7 +9,8 @@ import torch
 from transformers import CompileConfig
 from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
 
-from lora_pipeline.evaluate import captured_decode, sink_attention
+from lora_pipeline.evaluate import captured_decode
+from lora_pipeline.families.gpt_oss import sink_attention
 from lora_pipeline.evaluate.cuda_graphs import cudagraphs_in_place
 from lora_pipeline.evaluate.window_cache import WindowCache, sliding_window
 from lora_pipeline.launch.distributed import gather, process_group

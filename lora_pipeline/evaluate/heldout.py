@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lora_pipeline.evaluate import sink_attention
+from lora_pipeline.families.gpt_oss import sink_attention
 from lora_pipeline.evaluate.generation import batches, evaluation_attention
 from lora_pipeline.evaluate.scoring import loss_figures
 from lora_pipeline.launch.distributed import gather, process_group

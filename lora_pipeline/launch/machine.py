@@ -10,7 +10,7 @@ import yaml
 
 from lora_pipeline.config.dvcfiles import ROOT
 from lora_pipeline.config.gpus import visible_gpus
-from lora_pipeline.model.checks import SHARDED
+from lora_pipeline.model.base_checks import SHARDED
 
 
 def accelerate_config(train, root: Path = ROOT) -> dict:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from lora_pipeline.merge.check import adapter_values
-from lora_pipeline.model.mxfp4_checkpoint import _checkpoint_files
+from lora_pipeline.merge.merged_checks import adapter_values
+from lora_pipeline.model.checkpoint_files import tensor_files
 
 # The files of a checkpoint folder besides its weights that describe the model (the tokenizer is saved on its own).
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json")
@@ -54,7 +54,7 @@ def copy_problem(names, base_dir: str | Path) -> str | None:
     """Why the merged checkpoint cannot be the base's files with the tensors `names` written over them (None: it can):
     one is stored otherwise than as a plain floating point tensor (e.g. MXFP4 experts that a LoRA on the experts
     changed: they have to be re-encoded), or not at all."""
-    files = _checkpoint_files(base_dir)
+    files = tensor_files(base_dir)
     headers = {path: _header(path)[1] for path in set(files.values())}
     for name in names:
         if name not in files:
@@ -74,7 +74,7 @@ def save_over_base(base_dir: str | Path, out_dir: str | Path, tensors: dict[str,
     embeddings, norms, routers...) keeps them, and the header, the shard layout and the index stay the base's: a tensor
     written over has the same dtype and shape, so the same size and place."""
     base, out = Path(base_dir), Path(out_dir)
-    files = _checkpoint_files(base)
+    files = tensor_files(base)
     problem = copy_problem(tensors, base)
     if problem:
         raise ValueError(problem)
@@ -122,7 +122,7 @@ def verify_over_base(base_dir: str | Path, out_dir: str | Path, tensors: dict[st
     from safetensors import safe_open
 
     base, out = Path(base_dir), Path(out_dir)
-    files = _checkpoint_files(base)
+    files = tensor_files(base)
     problem = copy_problem(tensors, base)
     if problem:
         raise ValueError(problem)
@@ -189,7 +189,7 @@ def put_stored(tensors: dict[str, torch.Tensor], out_dir: str | Path, names) -> 
     for it, cast back to its dtype: the model as saved, where the stored dtype rounded them."""
     from safetensors import safe_open
 
-    files = _checkpoint_files(out_dir)
+    files = tensor_files(out_dir)
     with torch.no_grad():
         for name in names:
             with safe_open(files[name], "pt") as f:

@@ -1,2 +1,2 @@
-"""The model: loading it (quantization, attention, LoRA, Liger), chat templates, MXFP4 checkpoints and experts, the
+"""The model: loading it (quantization, attention, LoRA, Liger), chat templates, the
 tiny models, the checks of the params against it."""

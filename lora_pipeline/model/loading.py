@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lora_pipeline.model.checks import BITSANDBYTES, MXFP4_EXPERTS, method_problem, stored_quantization
+from lora_pipeline.families.gpt_oss.rules import MXFP4_EXPERTS
+from lora_pipeline.model.base_checks import BITSANDBYTES, method_problem, stored_quantization
 from lora_pipeline.model.varlen_attention import NAME as VARLEN, register as register_varlen_attention
 
 log = logging.getLogger(__name__)
@@ -133,37 +134,6 @@ def load_model(path: str | Path, model_params, quantization=None, revision: str 
         model.hf_quantizer.remove_quantization_config(model)  # plain 16-bit weights: trained and saved as such
     set_experts_implementation(model, chosen["experts"])
     return model
-
-
-def mask_packed_rows(model) -> str | None:
-    """Make gpt-oss's eager, sdpa and flex attention keep the rows of a padding-free (or packed) batch apart, and say
-    so (None where nothing needed it). transformers' gpt-oss builds its masks without the position_ids (Qwen2 passes
-    them; transformers PR #39997 is open), so each row there attends to the rows packed before it. A hook on the
-    decoder builds the two masks as transformers' own mask functions do from the position_ids: a new sequence
-    wherever they do not count up by one. torch_varlen and flash attention read the bounds themselves."""
-    attention = model.config._attn_implementation
-    if model.config.model_type != "gpt_oss" or attention not in ("eager", "sdpa", "flex_attention"):
-        return None
-    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-
-    decoder = model.get_decoder()
-
-    def packed_masks(module, args, kwargs):
-        position_ids = kwargs.get("position_ids")
-        rows = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
-        past = kwargs.get("cache", kwargs.get("past_key_values"))
-        if position_ids is None or rows is None or kwargs.get("attention_mask") is not None or past is not None:
-            return None  # padded rows (their mask given) and decoding: the model's own masks are right
-        # the mask functions read only the shape, dtype and device of the embeddings
-        shape = torch.empty(*rows.shape[:2], 0, dtype=module.embed_tokens.weight.dtype, device=position_ids.device)
-        mask_kwargs = {"config": module.config, "inputs_embeds": shape, "attention_mask": None, "cache": None,
-                       "position_ids": position_ids}
-        masks = {"full_attention": create_causal_mask(**mask_kwargs),
-                 "sliding_attention": create_sliding_window_causal_mask(**mask_kwargs)}
-        return args, {**kwargs, "attention_mask": masks}
-
-    decoder.register_forward_pre_hook(packed_masks, with_kwargs=True)
-    return f"{attention}: masks from the position_ids (gpt-oss builds them without)"
 
 
 def experts_modules(model) -> list[torch.nn.Module]:

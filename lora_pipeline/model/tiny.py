@@ -10,7 +10,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from lora_pipeline.model.chat import (CHATML_SPECIAL_TOKENS, CHATML_THINK_TEMPLATE, CHATML_TOOLS_TEMPLATE,
                                       HARMONY_SPECIAL_TOKENS, HARMONY_TEMPLATE, HARMONY_TOOLS_TEMPLATE, uses_tools)
-from lora_pipeline.model.mxfp4 import MXFP4_BLOCK
+from lora_pipeline.families.gpt_oss.mxfp4 import MXFP4_BLOCK
 
 # Qwen2Tokenizer rebuilds its pre-tokenizer from this regex whatever tokenizer.json says, so the BPE is
 # trained with exactly that pipeline (NFC, the regex split, byte level without its own regex).
@@ -197,7 +197,7 @@ def build_tiny(family: str, rows: list[dict], tiny, out_dir: Path) -> list[float
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in FAMILIES[family]["eos"]]
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
     if family == "tiny-gpt-oss":
-        from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
+        from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import save_mxfp4_checkpoint
 
         save_mxfp4_checkpoint(model.to(torch.bfloat16), out_dir)  # gpt-oss ships in bf16 + MXFP4
     else:

@@ -19,7 +19,7 @@ from lora_pipeline.evaluate.scoring import asks_reasoning_language
 from lora_pipeline.evaluate.task import gate_needs, row_yields
 from lora_pipeline.launch.launcher import check_launch
 from lora_pipeline.launch.machine import check_eval_launch, check_machine, distributed_type, training_processes
-from lora_pipeline.model.checks import (check_base_model, check_model, check_packed_experts, check_quantization,
+from lora_pipeline.model.base_checks import (check_base_model, check_model, check_packed_experts, check_quantization,
                                         check_save_format, check_tiny)
 from lora_pipeline.registry.mlflow_names import check_mlflow_names
 from lora_pipeline.train.global_batch import split_global_batch

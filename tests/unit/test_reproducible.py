@@ -102,15 +102,16 @@ def test_a_saved_tokenizer_does_not_record_offline_mode(tmp_path):
     assert "local_files_only" not in json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())
 
 
-# torch.compile of the packed experts' decode (lora_pipeline.model.mxfp4_experts), first in a pinned process, then in
-# one that is not: a kernel cached for AVX2 and loaded on an AVX-512 CPU corrupted the heap (torch 2.11).
+# torch.compile of the packed experts' decode (lora_pipeline.families.gpt_oss.mxfp4_experts), first in a pinned
+# process, then in one that is not: a kernel cached for AVX2 and loaded on an AVX-512 CPU corrupted the heap
+# (torch 2.11).
 COMPILE_PROBE = """
 import sys
 if sys.argv[1] == "pinned":
     import stages  # what every stage imports first
 import torch
-from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk
-from lora_pipeline.model.mxfp4_experts import decode_weight
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import expert_from_disk
+from lora_pipeline.families.gpt_oss.mxfp4_experts import decode_weight
 blocks = torch.arange(256, dtype=torch.uint8).reshape(16, 16).repeat(255, 1).reshape(255, 16, 1, 16)
 scales = torch.arange(255, dtype=torch.int32).to(torch.uint8).reshape(-1, 1, 1).expand(-1, 16, 1).contiguous()
 for dtype in (torch.bfloat16, torch.float32):

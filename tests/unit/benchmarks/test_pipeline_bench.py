@@ -40,7 +40,7 @@ def stand_in(request, tmp_path_factory):
 
 def test_model_loads_as_the_stages_load_it(stand_in):
     from lora_pipeline.model.loading import load_model
-    from lora_pipeline.model.mxfp4_checkpoint import is_mxfp4_checkpoint
+    from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import is_mxfp4_checkpoint
     from lora_pipeline.config.params import validate
 
     model_params = validate(stand_in.params).model
@@ -101,7 +101,7 @@ def test_a_reduced_stand_in_keeps_no_more_layers_16_bit_than_it_has(stand_in):
     """The gpt-oss-20b recipe keeps more layers' experts in 16 bits than its reduced stand-in has: validate refuses
     the recipe over that stand-in, and accepts it cut to the stand-in's depth."""
     from lora_pipeline.config.params import validate
-    from lora_pipeline.model.checks import check_packed_experts
+    from lora_pipeline.model.base_checks import check_packed_experts
 
     recipe = validate(setup.compose_params(stand_in.recipe, ROOT, stand_in.work / "model", "data/local/x.jsonl",
                                            None, None))

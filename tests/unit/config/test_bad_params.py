@@ -106,7 +106,7 @@ BAD = [
     case({"quantization.method": "int8", "train.accelerate_config": "deepspeed_zero3"}, "quantization.method",
          "deepspeed_zero3 (DEEPSPEED)"),
     case({**GPT_OSS, "train.accelerate_config": "deepspeed_zero3"}, "quantization.method",
-         "python -m lora_pipeline.model.mxfp4_checkpoint dequantize models/base FOLDER"),
+         "python -m lora_pipeline.families.gpt_oss.mxfp4_checkpoint dequantize models/base FOLDER"),
     case({"quantization.method": "int8", "quantization.compute_dtype": "bfloat16"}, "quantization.compute_dtype",
          "applies to method nf4 only (got method int8)"),
     case({"quantization.method": "nf4", "quantization.compute_dtype": "float16", "model.dtype": "bfloat16"},

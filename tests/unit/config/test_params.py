@@ -207,7 +207,7 @@ def test_validate_caches_what_it_derives_from_the_libraries(tmp_path, monkeypatc
     from peft import LoraConfig
     from transformers import SchedulerType
 
-    from lora_pipeline.model.checks import base_model_layout
+    from lora_pipeline.model.base_checks import base_model_layout
     from lora_pipeline.validation.checks import library_fields
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -13,7 +13,7 @@ from lora_pipeline.evaluate import captured_decode
 from lora_pipeline.evaluate.generation import (GROUPED_FOR_GENERATION, batches, decode_cache, decoding_implementations,
                                                generate_from_prompts, use_for_generation)
 from lora_pipeline.evaluate.heldout import heldout_loss, use_for_loss
-from lora_pipeline.evaluate.sink_attention import NAME as SINKS
+from lora_pipeline.families.gpt_oss.sink_attention import NAME as SINKS
 from lora_pipeline.evaluate.window_cache import FullWindowLayer, WindowCache, sliding_window
 from lora_pipeline.model.loading import experts_implementation, inference_attention, load_model
 

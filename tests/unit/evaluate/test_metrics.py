@@ -63,7 +63,7 @@ def test_mgsm_missing_language_names_the_file():
 def test_compare_logits_over_the_masked_positions():
     import torch
 
-    from lora_pipeline.merge.check import compare_logits
+    from lora_pipeline.merge.merged_checks import compare_logits
 
     reference = torch.tensor([[[1.0, -4.0], [2.0, 0.0]], [[100.0, 0.0], [0.5, 0.25]]])
     other = reference + torch.tensor([[[0.5, 0.0], [0.0, -1.0]], [[50.0, 0.0], [0.0, 0.5]]])

@@ -1,5 +1,6 @@
-"""merge's weight check (lora_pipeline.merge.check) on a tiny bf16 gpt-oss whose router scores are nearly tied: it
-passes correct merges and fails a lost adapter, a module left unmerged and a weight changed that no LoRA adapts.
+"""merge's weight check (lora_pipeline.merge.merged_checks) on a tiny bf16 gpt-oss whose router scores are nearly
+tied: it passes correct merges and fails a lost adapter, a module left unmerged and a weight changed that no LoRA
+adapts.
 The logit rule merge used to gate on fails the correct merge of a trained adapter (rounding sends tokens to other
 experts) and passes the loss of an adapter whose effect is below its tolerance."""
 from types import SimpleNamespace
@@ -9,10 +10,10 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 
-from lora_pipeline.merge.check import (ADAPTER_FILE, BaseWeights, adapter_load_problem, check_merged_weights,
+from lora_pipeline.merge.merged_checks import (ADAPTER_FILE, BaseWeights, adapter_load_problem, check_merged_weights,
                                        compare_logits, lora_weights)
 from lora_pipeline.model.loading import device, load_model
-from lora_pipeline.model.mxfp4_checkpoint import save_mxfp4_checkpoint
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import save_mxfp4_checkpoint
 from lora_pipeline.model.tiny import random_gpt_oss
 
 VOCAB, HIDDEN, EXPERTS, TOP_K = 256, 64, 4, 2

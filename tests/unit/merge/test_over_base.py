@@ -12,11 +12,12 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors import safe_open
 
 from lora_pipeline.config.outputs import write_jsonl
-from lora_pipeline.merge.check import check_merged_weights, lora_weights
+from lora_pipeline.merge.merged_checks import check_merged_weights, lora_weights
 from lora_pipeline.merge.over_base import (changed_weights, copy_problem, put_stored, save_over_base,
                                            verify_over_base)
 from lora_pipeline.model.loading import load_model
-from lora_pipeline.model.mxfp4_checkpoint import _checkpoint_files, save_mxfp4_checkpoint
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import save_mxfp4_checkpoint
+from lora_pipeline.model.checkpoint_files import tensor_files
 from lora_pipeline.model.tiny import random_gpt_oss, tokenizer_corpus, train_tokenizer
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -83,7 +84,7 @@ def merge(base_dir, adapter_dir, dtype="bfloat16"):
 
 
 def stored_tensors(folder) -> dict:
-    files = _checkpoint_files(folder)
+    files = tensor_files(folder)
     out = {}
     for name, path in files.items():
         with safe_open(path, "pt") as f:
@@ -155,7 +156,7 @@ def test_a_lora_on_the_experts_cannot_be_written_over_the_base(base_dir, tmp_pat
 def test_a_wrong_byte_anywhere_fails_the_check_naming_it(base_dir, attention_adapter, tmp_path):
     merged, changed = merge(base_dir, attention_adapter)
     save_over_base(base_dir, tmp_path, changed)
-    files = _checkpoint_files(tmp_path)
+    files = tensor_files(tmp_path)
     blocks = "model.layers.1.mlp.experts.gate_up_proj_blocks"
     with safe_open(files[blocks], "pt") as f:
         value = f.get_tensor(blocks)

@@ -10,7 +10,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from lora_pipeline.model import varlen_attention
-from lora_pipeline.model.loading import inference_attention, mask_packed_rows, runnable_implementations
+from lora_pipeline.families.gpt_oss.packed_masks import mask_packed_rows
+from lora_pipeline.model.loading import inference_attention, runnable_implementations
 
 
 def assert_packed_as_alone(model, batch, rows, alone_attention: str, packed_attention: str = varlen_attention.NAME):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from lora_pipeline.model.mxfp4_checkpoint import _checkpoint_files, expert_from_disk
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import expert_from_disk
+from lora_pipeline.model.checkpoint_files import tensor_files
 
 ADAPTER_FILE = "adapter_model.safetensors"
 CHUNK_ELEMENTS = 2**24  # compared a slice of rows at a time: a few float64 temporaries of 128 MiB, whatever the model
@@ -78,7 +79,7 @@ class BaseWeights:
     def __init__(self, folder: str | Path, stack: contextlib.ExitStack):
         from safetensors import safe_open
 
-        self.files = _checkpoint_files(folder)
+        self.files = tensor_files(folder)
         handles = {path: stack.enter_context(safe_open(path, "pt")) for path in set(self.files.values())}
         self.handle = {name: handles[path] for name, path in self.files.items()}
 

@@ -10,8 +10,8 @@ from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
 from conftest import ROOT
 from helpers import GPT_OSS_PROMPTS, build_tiny_gpt_oss, decoding_gpt_oss, word_tokenizer
-from lora_pipeline.evaluate import sink_attention
-from lora_pipeline.evaluate.sink_attention import grouped_sink_attention
+from lora_pipeline.families.gpt_oss import sink_attention
+from lora_pipeline.families.gpt_oss.sink_attention import grouped_sink_attention
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import check_sink_attention  # noqa: E402

@@ -17,16 +17,13 @@ from lora_pipeline.config.cache import cached
 from lora_pipeline.config.child import run_apart
 from lora_pipeline.config.dvcfiles import ROOT
 from lora_pipeline.config.gpus import visible_gpus
+from lora_pipeline.families.gpt_oss.rules import MXFP4_EXPERTS, packing_problems, save_format_problem
 
 # Multi-process setups that shard each weight across processes: a bitsandbytes-quantized base is not sharded here.
 SHARDED = {"FSDP", "DEEPSPEED"}
 
 TINY_MODEL_TYPES = {"tiny-qwen2": "qwen2", "tiny-gpt-oss": "gpt_oss"}
 
-# gpt-oss's frozen experts kept in MXFP4 while training (lora_pipeline.model.mxfp4_experts): loaded as grouped_mm, the
-# same arithmetic on the 16-bit experts, and packed by the train stage after loading.
-MXFP4_EXPERTS = "grouped_mm_mxfp4"
-PACKED = ("gate_up_proj", "down_proj")  # the expert weights it packs; their biases stay in the model dtype
 BITSANDBYTES = ("nf4", "int8")  # quantization.method values that freeze the base in 4/8 bits (QLoRA)
 
 
@@ -52,39 +49,11 @@ def method_problem(method: str, stored: str | None) -> str | None:
     return None
 
 
-def packing_problems(model_type: str | None, stored: str | None, target_parameters) -> list[str]:
-    """Why model.experts_implementation grouped_mm_mxfp4 cannot be used with this base and these LoRA targets, one
-    line each ([] if it can). model_type: the base's, None where not known yet; stored: the quant_method its
-    checkpoint declares ("none" for plain weights), None where not known."""
-    key, problems = f"model.experts_implementation: {MXFP4_EXPERTS}", []
-    if model_type is not None and model_type != "gpt_oss":
-        problems.append(f"{key} keeps gpt-oss's frozen MoE experts in MXFP4, but the base model ({model_type}) is not "
-                        "gpt-oss; allowed: eager, grouped_mm, batched_mm")
-    elif stored is not None and stored != "mxfp4":
-        problems.append(f"{key} re-encodes experts loaded from MXFP4, but the base model stores no MXFP4 weights (its "
-                        "config.json declares no mxfp4 quantization_config); allowed: grouped_mm, or an MXFP4 "
-                        "checkpoint (as openai/gpt-oss-20b ships) with quantization.method mxfp4-dequantize")
-    trained = [t for t in target_parameters if t.rsplit(".", 1)[-1] in PACKED]
-    if trained:
-        problems.append(f"{key} freezes the experts in MXFP4, but lora.target_parameters {trained} trains them; "
-                        "allowed: grouped_mm with these targets, or lora.target_parameters without the experts' "
-                        f"{' / '.join(PACKED)}")
-    return problems
-
-
-def save_format_problem(save_format: str, model_type: str) -> str | None:
-    """Why merge.save_format cannot be used with a base model of this type, or None."""
-    if save_format == "mxfp4" and model_type != "gpt_oss":
-        return (f"merge.save_format: mxfp4, but the base model ({model_type}) is not gpt-oss, whose MoE experts "
-                "(mlp.experts.gate_up_proj / down_proj) are what MXFP4 stores; allowed: auto, model_dtype")
-    return None
-
-
 def check_tiny(model) -> None:
     """tiny-gpt-oss is stored in MXFP4, whose blocks need the widths to be multiples of the block size."""
     if model.source != "tiny-gpt-oss":
         return
-    from lora_pipeline.model.mxfp4 import MXFP4_BLOCK
+    from lora_pipeline.families.gpt_oss.mxfp4 import MXFP4_BLOCK
 
     for key in ("hidden_size", "intermediate_size"):
         value = getattr(model.tiny, key)
@@ -266,8 +235,8 @@ def check_quantization(model, quantization, train, distributed: str | None, root
         problems.append(f"quantization.method: mxfp4-dequantize with train.accelerate_config {train.accelerate_config} "
                         "(DEEPSPEED): transformers loads a quantized checkpoint without zero.Init, so every process "
                         "first dequantizes the whole model on the CPU, one copy per process, before training starts; "
-                        "write a bf16 copy once (python -m lora_pipeline.model.mxfp4_checkpoint dequantize models/base "
-                        "FOLDER) "
+                        "write a bf16 copy once (python -m lora_pipeline.families.gpt_oss.mxfp4_checkpoint dequantize "
+                        "models/base FOLDER) "
                         "and train that with model.source local, model.name FOLDER, quantization.method none; "
                         "or keep mxfp4-dequantize with fsdp2 or multi_gpu")
     if compute != "auto" and (problem := compute_dtype_problem(method, compute, model.dtype, train.sft)):

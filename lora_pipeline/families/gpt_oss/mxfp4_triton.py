@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, decode_table
+from lora_pipeline.families.gpt_oss.mxfp4 import MXFP4_BLOCK, decode_table
 
 BYTES_PER_PROGRAM = 2048  # packed bytes a program decodes (4,096 values)
 

@@ -19,12 +19,13 @@ import torch
 
 from conftest import ROOT
 from helpers import build_tiny_gpt_oss, shipped
-from lora_pipeline.model.checks import MXFP4_EXPERTS, packing_problems
+from lora_pipeline.families.gpt_oss.rules import MXFP4_EXPERTS, packing_problems
 from lora_pipeline.model.loading import experts_implementation, load_model, set_experts_implementation
-from lora_pipeline.model.mxfp4 import E8M0_BIAS, dequantize_mxfp4, quantize_mxfp4
-from lora_pipeline.model.mxfp4_checkpoint import _checkpoint_files, _read, expert_from_disk
-from lora_pipeline.model.mxfp4_experts import (PATHS, decode_weight, decoder_for, down_glue, forced_path, gate_up_glue,
-                                               glue_for, pack_experts, paths_run)
+from lora_pipeline.families.gpt_oss.mxfp4 import E8M0_BIAS, dequantize_mxfp4, quantize_mxfp4
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import _read, expert_from_disk
+from lora_pipeline.model.checkpoint_files import tensor_files
+from lora_pipeline.families.gpt_oss.mxfp4_experts import (PATHS, decode_weight, decoder_for, down_glue, forced_path,
+                                                          gate_up_glue, glue_for, pack_experts, paths_run)
 
 VOCAB, HIDDEN, INTERMEDIATE, EXPERTS, LAYERS = 128, 64, 96, 4, 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -63,7 +64,7 @@ def memory(model) -> int:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_loaded_expert_weights_round_trip_exactly_and_match_the_checkpoint(tiny_dir, dtype):
     model = load(tiny_dir, dtype)
-    files = _checkpoint_files(tiny_dir)
+    files = tensor_files(tiny_dir)
     for name, weight in model.named_parameters():
         if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             continue
@@ -478,7 +479,7 @@ def test_validate_accepts_packed_experts_of_tiny_gpt_oss(monkeypatch):
 @pytest.mark.parametrize("triton", [True, False])
 def test_a_gpu_compiles_the_decode_and_the_glue_a_cpu_runs_them_eagerly_unless_forced(monkeypatch, triton):
     """A GPU decodes with the Triton kernel where Triton is installed, else with the compiled pass."""
-    from lora_pipeline.model import mxfp4_triton
+    from lora_pipeline.families.gpt_oss import mxfp4_triton
 
     monkeypatch.setattr(mxfp4_triton, "available", lambda: triton)
     gpu_decoder = "triton" if triton else "compiled"
@@ -490,7 +491,7 @@ def test_a_gpu_compiles_the_decode_and_the_glue_a_cpu_runs_them_eagerly_unless_f
 
 
 def test_the_triton_decoder_names_what_it_needs():
-    from lora_pipeline.model import mxfp4_triton
+    from lora_pipeline.families.gpt_oss import mxfp4_triton
 
     blocks, scales = torch.zeros(2, 3, 16, dtype=torch.uint8), torch.zeros(2, 3, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"blocks must be \[\.\.\., G, 16\]"):

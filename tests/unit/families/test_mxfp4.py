@@ -9,8 +9,8 @@ from safetensors.torch import load_file
 
 from helpers import build_tiny_gpt_oss
 from lora_pipeline.model.loading import load_model
-from lora_pipeline.model.mxfp4 import FP4_VALUES, dequantize_mxfp4, quantize_mxfp4
-from lora_pipeline.model.mxfp4_checkpoint import save_dequantized, save_mxfp4_checkpoint
+from lora_pipeline.families.gpt_oss.mxfp4 import FP4_VALUES, dequantize_mxfp4, quantize_mxfp4
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import save_dequantized, save_mxfp4_checkpoint
 
 VOCAB = 96
 # As the recipe loads openai/gpt-oss-20b: bf16, MXFP4 experts dequantized (the pipeline's one loader).
@@ -194,7 +194,7 @@ def test_dequantized_load_matches_checkpoint_and_runs(tiny_dir, tmp_path):
 def test_dequantized_copy_loads_unquantized_with_the_same_weights(tiny_dir, tmp_path, monkeypatch):
     import shutil
 
-    from lora_pipeline.model import mxfp4_checkpoint
+    from lora_pipeline.families.gpt_oss import mxfp4_checkpoint
 
     src = tmp_path / "mxfp4"
     shutil.copytree(tiny_dir, src)
@@ -306,7 +306,7 @@ def test_min_error_scale_keeps_a_grown_groups_scale_and_never_does_worse():
 def test_save_format_resolves_against_the_base_checkpoint(tiny_dir, tmp_path):
     from transformers import AutoConfig
 
-    from lora_pipeline.model.mxfp4_checkpoint import is_mxfp4_checkpoint, merged_save_format
+    from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import is_mxfp4_checkpoint, merged_save_format
 
     AutoConfig.for_model("qwen2", num_hidden_layers=1).save_pretrained(tmp_path)
     assert is_mxfp4_checkpoint(tiny_dir) and not is_mxfp4_checkpoint(tmp_path)
@@ -348,8 +348,8 @@ def test_merged_model_requantized_to_mxfp4(tiny_dir, tmp_path):
     """A merged model (base + LoRA-like deltas, float32) saved as MXFP4 is the base checkpoint's size, loads with
     Mxfp4Config(dequantize=True), and its logits stay closer to the 16-bit merged model's than MXFP4 itself put the
     base release from its bf16 original; a wrong nibble order or scale is far beyond that bound."""
-    from lora_pipeline.merge.check import compare_logits
-    from lora_pipeline.model.mxfp4_checkpoint import expert_values_changed, load_into
+    from lora_pipeline.merge.merged_checks import compare_logits
+    from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import expert_values_changed, load_into
     from lora_pipeline.model.tiny import random_gpt_oss
 
     ids = torch.randint(2, VOCAB, (4, 24), generator=torch.Generator().manual_seed(0))
@@ -403,7 +403,7 @@ def test_merged_model_requantized_to_mxfp4(tiny_dir, tmp_path):
 
 
 def test_lora_on_attention_only_leaves_the_experts_values_exactly(tiny_dir, tmp_path):
-    from lora_pipeline.model.mxfp4_checkpoint import expert_values_changed
+    from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import expert_values_changed
 
     merged = load_mxfp4_dequantized(tiny_dir)
     _add_low_rank_deltas(merged, relative=0.1, seed=2, targets=ATTENTION)

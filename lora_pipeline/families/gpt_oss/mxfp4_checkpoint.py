@@ -11,8 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 from lora_pipeline.config.outputs import replace_dir, staging_dir, write_json
-from lora_pipeline.model.checks import save_format_problem, stored_quantization
-from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, quantize_mxfp4
+from lora_pipeline.families.gpt_oss.rules import save_format_problem
+from lora_pipeline.model.checkpoint_files import tensor_files
+from lora_pipeline.model.base_checks import stored_quantization
+from lora_pipeline.families.gpt_oss.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, quantize_mxfp4
 
 __all__ = [
     "GPT_OSS_MODULES_TO_NOT_CONVERT",
@@ -164,18 +166,6 @@ def is_mxfp4_checkpoint(path) -> bool:
     return config.is_file() and stored_quantization(json.loads(config.read_text())) == "mxfp4"
 
 
-def _checkpoint_files(path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file of a checkpoint folder (one file, or sharded with an index) that holds it."""
-    folder = Path(path)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return {name: folder / fname for name, fname in json.loads(index.read_text())["weight_map"].items()}
-    from safetensors import safe_open
-
-    with safe_open(folder / "model.safetensors", "pt") as f:
-        return dict.fromkeys(f.keys(), folder / "model.safetensors")
-
-
 def _read(files: dict[str, Path], name: str) -> torch.Tensor:
     from safetensors import safe_open
 
@@ -188,7 +178,7 @@ def load_into(model, path, device=None) -> None:
     (on `device` if given) and every tensor cast to the model's dtype, as from_pretrained with
     Mxfp4Config(dequantize=True) loads them: the saved model, in memory, without a second copy. Raises if a weight
     is missing, extra or of another shape."""
-    files = _checkpoint_files(path)
+    files = tensor_files(path)
     state = model.state_dict()
     done = set()
     with torch.no_grad():
@@ -232,7 +222,7 @@ def save_dequantized(path, out_dir, device=None, max_shard_size: int = 5 * 2**30
                          "with quant_method mxfp4)")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out}: exists and is not empty; choose a new folder")
-    files = _checkpoint_files(src)
+    files = tensor_files(src)
 
     def dequantized(name):
         blocks, scales = (_read(files, n).to(device or "cpu") for n in (f"{name}_blocks", f"{name}_scales"))
@@ -269,7 +259,7 @@ def expert_values_changed(path, base, device=None) -> float | None:
     `path` differs from the one in `base`; None if `base` stores no MXFP4 experts under the same names and shapes."""
     if not is_mxfp4_checkpoint(base):
         return None
-    files, base_files = _checkpoint_files(path), _checkpoint_files(base)
+    files, base_files = tensor_files(path), tensor_files(base)
     changed = total = 0
     for name in (n for n in files if n.endswith("_blocks")):
         scales = name[:-len("_blocks")] + "_scales"
@@ -287,7 +277,7 @@ def expert_values_changed(path, base, device=None) -> float | None:
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m lora_pipeline.model.mxfp4_checkpoint",
+    parser = argparse.ArgumentParser(prog="python -m lora_pipeline.families.gpt_oss.mxfp4_checkpoint",
                                      description="MXFP4 checkpoint tools")
     commands = parser.add_subparsers(dest="command", required=True)
     dequantize = commands.add_parser("dequantize", help="save_dequantized: an MXFP4 checkpoint folder again, its "

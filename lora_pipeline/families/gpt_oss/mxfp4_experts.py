@@ -3,7 +3,7 @@ grouped_mm_mxfp4).
 
 openai/gpt-oss-20b loads with Mxfp4Config(dequantize=True): its expert weights become 16-bit, about 38 GB, though
 LoRA never trains them. pack_experts re-encodes each experts module's gate_up_proj and down_proj with the project's
-encoder (lora_pipeline.model.mxfp4) into uint8 buffers in the layout of the checkpoint (mxfp4_checkpoint.expert_to_disk:
+encoder (mxfp4) into uint8 buffers in the layout of the checkpoint (mxfp4_checkpoint.expert_to_disk:
 `gate_up_proj_blocks`, `gate_up_proj_scales`, ...; [experts, out, in/32, 16] and [experts, out, in/32]), checking
 that every value decodes back exactly, as every value loaded from MXFP4 does; about 4.25 bits a value instead of 16.
 
@@ -19,11 +19,11 @@ import contextlib
 import torch
 from transformers.integrations.moe import ExpertsInterface
 
-from lora_pipeline.model.checks import MXFP4_EXPERTS, PACKED, packing_problems
+from lora_pipeline.families.gpt_oss.rules import MXFP4_EXPERTS, PACKED, packing_problems
 from lora_pipeline.model.loading import experts_modules, set_experts_implementation
-from lora_pipeline.model.mxfp4 import MXFP4_BLOCK, decode_table
-from lora_pipeline.model.mxfp4_checkpoint import expert_from_disk, expert_to_disk
-from lora_pipeline.model import mxfp4_triton
+from lora_pipeline.families.gpt_oss.mxfp4 import MXFP4_BLOCK, decode_table
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import expert_from_disk, expert_to_disk
+from lora_pipeline.families.gpt_oss import mxfp4_triton
 
 __all__ = ["DECODERS", "GLUES", "PATHS", "PackedGroupedLinear", "decode_weight", "down_glue", "forced_path",
            "gate_up_glue", "pack_experts", "paths_run"]
