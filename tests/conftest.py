@@ -133,7 +133,7 @@ MGSM = ROOT.parent / "shared" / "data" / "mgsm"
 IGNORED_ANYWHERE = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".pytest_cache", "cache", "tmp", ".whl*",
                                           ".bench")
 IGNORED_AT_TOP = {"mlflow.db", "mlartifacts", "mlruns", "data", "models", "metrics", "plots", "reports", "checkpoints",
-                  "logs", "docs"}
+                  "logs", "docs", "measurements"}
 
 
 def copy_ignore(folder: str, names: list[str]) -> set[str]:
