@@ -3,8 +3,9 @@ names, the metrics file register.gate_metric comes from, and the figures of metr
 from __future__ import annotations
 
 from lora_pipeline.config.outputs import METRICS, gate
-from lora_pipeline.config.params import LANGUAGE_NAMES, flat_keys
-from lora_pipeline.evaluate.scoring import eval_figures, loss_figures, mgsm_files
+from lora_pipeline.config.params import LANGUAGE_NAMES
+from lora_pipeline.evaluate.figures import written
+from lora_pipeline.evaluate.scoring import mgsm_files
 
 
 def check_eval(ev) -> None:
@@ -27,23 +28,10 @@ def check_register(register) -> None:
                          "(the metrics file it comes from)")
 
 
-# Figures of metrics/eval.json that register.gate_metric may not name: counts and the demo's check.
-NOT_GATES = {"test.tokens", "demo_reasoning_is_german", "task.questions", "tool_call.questions",
-             "tool_call.calls_expected", "tool_call.answers_expected"}
-
-
 def eval_metric_keys(ev) -> list[str]:
-    """The figures of the fine-tuned model that evaluate writes to metrics/eval.json for these params (those of
-    held-out rows with a user language and an answer, and of rows asked as they ask: text answers, tool calls and
-    tool rows answered without a call, too), less NOT_GATES."""
-    heldout = [{"reasoning_language": lang, "reasoning_detected": lang, "user_language": lang, "final_detected": lang,
-                "correct": True} for lang in ev.languages]
-    heldout += [{"reference": "a", "answer": "a", "exact_match": True, "rouge_l": 1.0, "chrf": 100.0},
-                {"reference_calls": [{"name": "f", "arguments": {}}], "right_call": True, "right_name": True},
-                {"reference_calls": [], "no_call": True}]
-    mgsm = {lang: [True] for lang in ev.mgsm.languages} if ev.mgsm.path else {}
-    figures = flat_keys(eval_figures(ev.languages, loss_figures(0.0, 0), heldout, mgsm, None))
-    return [key for key in figures if key not in NOT_GATES]
+    """The figures of metrics/eval.json that register.gate_metric may name with these eval params: those of the
+    catalogue that may gate (MGSM's only where eval.mgsm.path is set), a pattern's once per language."""
+    return [key for key, figure in written(ev).items() if figure.may_gate]
 
 
 def check_gate_metric(register, ev, data_source: str) -> None:
