@@ -131,8 +131,7 @@ def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
 
 def main() -> None:
     from lora_pipeline.config.params import load_params
-
-    from lora_pipeline.config.outputs import gate
+    from lora_pipeline.registry.gate import gate
 
     params = load_params("register")
     shown = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], capture_output=True, text=True)
