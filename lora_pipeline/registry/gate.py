@@ -50,8 +50,8 @@ def eval_metric_keys(ev) -> list[str]:
 
 
 def may_not_gate(metric: str, figure: Figure) -> str:
-    count = ", a count: neither more nor fewer is better" if figure.higher_is_better is None else ""
-    return f"register.gate_metric: '{metric}' may not gate ({figure.computed}{count})"
+    neither = ": neither more nor fewer is better" if figure.higher_is_better is None else ""
+    return f"register.gate_metric: '{metric}' may not gate ({figure.computed}{neither})"
 
 
 def check_register(register) -> None:
