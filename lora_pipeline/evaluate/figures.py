@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lora_pipeline.evaluate.task import task_figures, tool_call_figures
+from lora_pipeline.evaluate.task import UnicodeWords, answer_text, task_figures, tool_call_figures
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class Figure:
     """One figure of metrics/eval.json. key: dotted, a {placeholder} of PLACEHOLDERS standing for each of its
     languages; computed: how, in words; computed_by: the computation that writes it (several figures may share one),
     which returns what it computes shaped as metrics/eval.json, {} where its rows are missing; higher_is_better: its
-    direction as a gate, None for a count; needs: what it is written from; may_gate: whether
-    register.gate_metric may name it; column: its column in `make exps`, if any."""
+    direction as a gate, None where neither more nor less is better (a count, a length); needs: what it is written
+    from; may_gate: whether register.gate_metric may name it; column: its column in `make exps`, if any."""
     key: str
     computed: str
     computed_by: Callable[[Evaluated], dict]
@@ -137,6 +137,15 @@ def tool_calls(evaluated: Evaluated) -> dict:
     return {"tool_call": tool_call_figures(rows)} if rows else {}
 
 
+def answer_words(evaluated: Evaluated) -> dict:
+    """The mean length of the final answers to the held-out questions (reasoning and calls left out), in words as
+    ROUGE-L counts them (task.UnicodeWords: each character of a script written without spaces a word)."""
+    if not evaluated.heldout:
+        return {}
+    words = [len(UnicodeWords().tokenize(answer_text(r["generated"]))) for r in evaluated.heldout]
+    return {"answer_words": sum(words) / len(words)}
+
+
 def demo(evaluated: Evaluated) -> dict:
     return {"demo_reasoning_is_german": int(evaluated.demo_reasoning == "de")}
 
@@ -167,6 +176,8 @@ FIGURES = (
     Figure("tool_call.no_call_when_none", "share of rows that offer tools and whose reference answers without a "
            "call answered without one", tool_calls, True, NO_CALL, True,
            Column("nocall", "answered without a call where the reference does")),
+    Figure("answer_words", "mean words of the final answers to the held-out questions (task.UnicodeWords)",
+           answer_words, None, ANY, False, Column("words", "mean words of the held-out answers")),
     Figure("test.perplexity", "exp of the held-out loss", held_out_loss, False, ANY, True),
     Figure("test.tokens", "how many held-out tokens the loss averages over", held_out_loss, None, ANY, False),
     Figure("accuracy.builtin", "share of the built-in rows' final answers whose last number is the answer",

@@ -78,14 +78,17 @@ def test_compare_logits_over_the_masked_positions():
 
 def test_eval_figures_from_the_records():
     heldout = [{"reasoning_language": lang, "reasoning_detected": detected, "final_detected": "en",
-                "user_language": "en", "correct": correct}
-               for lang, detected, correct in [("en", "en", True), ("de", "en", False), ("en", "en", True),
-                                               ("de", "de", True)]]
+                "user_language": "en", "correct": correct, "generated": generated}
+               for lang, detected, correct, generated in [
+                   ("en", "en", True, "<think>\nfive and two\n</think>\nIt is 7.<|im_end|>"),
+                   ("de", "en", False, "<think>\nfive and two\n</think>\n8<|im_end|>"),
+                   ("en", "en", True, "<think>\nfive and two\n</think>\nSeven: 7.<|im_end|>"),
+                   ("de", "de", True, "<think>\nfünf und zwei\n</think>\n\u4e03\u4e2a<|im_end|>")]]
     figures = eval_figures(["en", "de"], loss_figures(6.0, 3), heldout, {"en": [True, False], "de": [True]}, "de")
     assert figures == {"test": {"loss": 2.0, "perplexity": math.exp(2.0), "tokens": 3},
                        "compliance": {"en": 1.0, "de": 0.5, "overall": 0.75}, "final_language_rate": 1.0,
                        "accuracy": {"builtin": 0.75, "mgsm": {"en": 0.5, "de": 1.0, "overall": 0.75}},
-                       "demo_reasoning_is_german": 1}
+                       "answer_words": (3 + 1 + 2 + 2) / 4, "demo_reasoning_is_german": 1}
     assert list(figures["compliance"]) == ["en", "de", "overall"]  # the order of plots/compliance/*.csv
 
 

@@ -23,7 +23,8 @@ def test_the_direction_of_a_gate_is_its_figure_s(metric, greater):
     assert gate(register(gate_metric=metric), "local") == (metric, greater)
 
 
-@pytest.mark.parametrize("metric", ["eval.test.tokens", "eval.task.questions", "eval.demo_reasoning_is_german"])
+@pytest.mark.parametrize("metric", ["eval.test.tokens", "eval.task.questions", "eval.demo_reasoning_is_german",
+                                    "eval.answer_words"])
 def test_a_figure_that_may_not_gate_is_refused_by_name(metric):
     assert metric.removeprefix("eval.") not in eval_metric_keys(EVAL)
     with pytest.raises(ValueError) as refused:
@@ -32,9 +33,10 @@ def test_a_figure_that_may_not_gate_is_refused_by_name(metric):
     assert "'eval.test.loss'" in str(refused.value)  # the allowed ones are named
 
 
-def test_a_count_has_no_direction_to_gate_by():
-    with pytest.raises(ValueError, match=r"'eval.test.tokens' may not gate \(.*a count: neither more nor fewer"):
-        gate(register(gate_metric="eval.test.tokens"), "local")
+@pytest.mark.parametrize("metric", ["eval.test.tokens", "eval.answer_words"])
+def test_a_count_or_a_length_has_no_direction_to_gate_by(metric):
+    with pytest.raises(ValueError, match=rf"'{metric}' may not gate \(.*neither more nor fewer is better"):
+        gate(register(gate_metric=metric), "local")
 
 
 def test_a_figure_evaluate_never_writes_is_refused():
