@@ -142,7 +142,8 @@ def answer_words(evaluated: Evaluated) -> dict:
     ROUGE-L counts them (task.UnicodeWords: each character of a script written without spaces a word)."""
     if not evaluated.heldout:
         return {}
-    words = [len(UnicodeWords().tokenize(answer_text(r["generated"]))) for r in evaluated.heldout]
+    tokenizer = UnicodeWords()
+    words = [len(tokenizer.tokenize(answer_text(r["generated"]))) for r in evaluated.heldout]
     return {"answer_words": sum(words) / len(words)}
 
 
@@ -151,7 +152,8 @@ def demo(evaluated: Evaluated) -> dict:
 
 
 # Every figure evaluate writes, for the fine-tuned model and the base alike. The columns of `make exps` come in this
-# order (after them, merge's); a figure without one is anywhere.
+# order (after them, merge's); a figure without one is anywhere. Each: key, how it is computed, its computation,
+# higher is better, what it needs, may gate, column.
 FIGURES = (
     Figure("test.loss", "mean cross-entropy over the held-out rows' assistant tokens (evaluate.heldout)",
            held_out_loss, False, ANY, True, Column("loss", "held-out loss", always=True)),
