@@ -18,22 +18,12 @@ from rich.text import Text
 
 from lora_pipeline.config.outputs import METRICS
 from lora_pipeline.config.params import flat_keys
+from lora_pipeline.evaluate.figures import FIGURES, figure_of
 
 # The metrics files as `dvc exp show` names them, by the prefix of register.gate_metric.
 FILES = {prefix: path.as_posix() for prefix, path in METRICS.items()}
-# (header, metrics file, dotted key): what a user decides an experiment by.
-COLUMNS = [("loss", FILES["eval"], "test.loss"), ("comp", FILES["eval"], "compliance.overall"),
-           ("final", FILES["eval"], "final_language_rate"),
-           ("mgsm", FILES["eval"], "accuracy.mgsm.overall"),
-           ("merge", FILES["merge"], "relative_logit_diff")]
-# The held-out answers against their references (data asked as it asks), before merge: only where a row has them.
-TASK_COLUMNS = [("match", FILES["eval"], "task.exact_match"), ("rougeL", FILES["eval"], "task.rouge_l"),
-                ("chrF", FILES["eval"], "task.chrf"), ("call", FILES["eval"], "tool_call.right_call"),
-                ("nocall", FILES["eval"], "tool_call.no_call_when_none")]
-TASK_LEGEND = {"match": "exact match of the held-out answers (normalised)", "rougeL": "their mean ROUGE-L F1",
-               "chrF": "their corpus chrF (0-100)", "call": "tool calls right (name and arguments)",
-               "nocall": "answered without a call where the reference does"}
-LANGUAGE_PREFIX = "compliance."
+# merge's column, after the evaluation's (lora_pipeline.evaluate.figures.FIGURES: their order, headers and legends).
+MERGE_COLUMN = ("merge", FILES["merge"], "relative_logit_diff", "relative logit diff merged vs adapted")
 WIDTH = 120
 ABSENT = object()  # a key that one side's params.yaml does not have
 
@@ -85,6 +75,25 @@ def compact(value) -> str:
     return value if isinstance(value, str) and value else json.dumps(value)
 
 
+def eval_columns(rows: list[dict]) -> list[tuple[str, str, str, str]]:
+    """(header, metrics file, dotted key, legend) of each evaluation figure with a column, in the catalogue's order:
+    one a table always shows, one that shows only where a row has it, and a pattern's once per value the rows hold
+    (compliance per language, sorted)."""
+    keys = {k for r in rows for k, v in r["metrics"].get(FILES["eval"], {}).items() if v is not None}
+    columns = []
+    for figure in FIGURES:
+        column = figure.column
+        if column is None:
+            continue
+        if figure.placeholder:
+            values = sorted({figure.value_in(k) for k in keys if figure_of(k) is figure})
+            columns += [(column.header.format(**{figure.placeholder: value}), FILES["eval"],
+                         figure.key.format(**{figure.placeholder: value}), column.legend) for value in values]
+        elif column.always or figure.key in keys:
+            columns.append((column.header, FILES["eval"], figure.key, column.legend))
+    return columns
+
+
 def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
     """Rows sorted by the gate metric (best first), in at most WIDTH columns; a row's changed params, one per line,
     fill the last column, wrapped but never cut."""
@@ -93,11 +102,7 @@ def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
     missing = float("-inf") if greater_is_better else float("inf")
     rows = sorted(rows, key=lambda r: value(r) if isinstance(value(r), (int, float)) else missing,
                   reverse=greater_is_better)
-    languages = sorted({k[len(LANGUAGE_PREFIX):] for r in rows for k in r["metrics"].get(FILES["eval"], {})
-                        if k.startswith(LANGUAGE_PREFIX) and k != "compliance.overall"})
-    task = [c for c in TASK_COLUMNS if any(r["metrics"].get(c[1], {}).get(c[2]) is not None for r in rows)]
-    columns = (COLUMNS[:2] + [(lang, FILES["eval"], LANGUAGE_PREFIX + lang) for lang in languages] + COLUMNS[2:-1]
-               + task + COLUMNS[-1:])
+    columns = eval_columns(rows) + [MERGE_COLUMN]
 
     def cell(r, file, key):
         v = r["metrics"].get(file, {}).get(key)
@@ -107,19 +112,16 @@ def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
 
     grid = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     grid.add_column("experiment", no_wrap=True)
-    for header, _, _ in columns:
+    for header, *_ in columns:
         grid.add_column(header, justify="right", no_wrap=True)
     grid.add_column("changed", overflow="fold")
     for r in rows:  # Text, not markup: a value like [en,de] is not a rich style tag
         changed = "\n".join(f"{k}={compact(v)}" for k, v in r["changed"].items())
-        grid.add_row(Text(r["name"]), *(Text(cell(r, f, k)) for _, f, k in columns), Text(changed))
-    legend = (f"sorted by {gate} ({'higher' if greater_is_better else 'lower'} is better); loss: held-out loss; "
-              "comp: reasoning in the asked language (overall, then per language); final: final answer in the "
-              "question's language; mgsm: MGSM accuracy; "
-              + "".join(f"{header}: {TASK_LEGEND[header]}; " for header, _, _ in task)
-              + "merge: relative logit diff merged vs adapted; changed: every "
-              "param that differs from the row's baseline, which is the commit an experiment ran from, and HEAD for "
-              "the workspace (HEAD's own row shows none)")
+        grid.add_row(Text(r["name"]), *(Text(cell(r, f, k)) for _, f, k, _ in columns), Text(changed))
+    legend = (f"sorted by {gate} ({'higher' if greater_is_better else 'lower'} is better); "
+              + "".join(f"{header}: {words}; " for header, _, _, words in columns if words)
+              + "changed: every param that differs from the row's baseline, which is the commit an experiment ran "
+              "from, and HEAD for the workspace (HEAD's own row shows none)")
     out = io.StringIO()
     console = Console(file=out, width=WIDTH, color_system=None, highlight=False, markup=False, emoji=False)
     console.print(grid)
@@ -129,8 +131,7 @@ def table(rows: list[dict], gate: str, greater_is_better: bool) -> str:
 
 def main() -> None:
     from lora_pipeline.config.params import load_params
-
-    from lora_pipeline.config.outputs import gate
+    from lora_pipeline.registry.gate import gate
 
     params = load_params("register")
     shown = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json"], capture_output=True, text=True)

@@ -20,9 +20,10 @@ import os
 # Everything registered is on disk; offline, MLflow does not wait on the Hub for a model card it cannot use.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from lora_pipeline.config.outputs import gate, write_json
+from lora_pipeline.config.outputs import write_json
 from lora_pipeline.config.params import ROOT, load_params
 from lora_pipeline.registry import register
+from lora_pipeline.registry.gate import gate
 
 
 def main():

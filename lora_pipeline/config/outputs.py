@@ -1,6 +1,7 @@
 """What the stages write: files written atomically (a temporary path first, then one rename, so a crash never leaves
 half a file), JSON Lines (one JSON object a line, UTF-8: the rows the data stages hand on, evaluate's transcripts), and
-the metrics files and figures the stages declare once for their checks, register and the experiment table."""
+the metrics files whose figures register logs (each evaluation figure: lora_pipeline.evaluate.figures; the gate's rule:
+lora_pipeline.registry.gate)."""
 from __future__ import annotations
 
 import json
@@ -59,27 +60,3 @@ WRITTEN_BY = {"train": "train", "merge": "merge", "eval": "evaluate"}
 # metrics/merge.json, beside adapter_relative_effect and its weight check's `weights`
 # (lora_pipeline.merge.merged_checks.WeightCheck), which gates.
 MERGE_LOGIT_FIGURES = ("max_abs_logit_diff", "relative_logit_diff", "mean_relative_logit_diff", "top1_agreement")
-
-
-# The default gate: the built-in task's measure (reasoning in the asked language) on its data, the held-out loss on
-# any other, which every data set has.
-BUILTIN_GATE, HELD_OUT_GATE = "eval.compliance.overall", "eval.test.loss"
-# Figures only rows that ask for a reasoning language (and the built-in rows' answers) yield.
-REASONING_FIGURES = ("eval.compliance.", "eval.final_language_rate", "eval.accuracy.builtin")
-# Figures only held-out rows asked as they ask (no reasoning language) yield, by what such a row must hold
-# (lora_pipeline.evaluate.task.row_yields), with those words for the check that refuses the gate.
-ROW_FIGURES = {"eval.task.": ("text", "a reference answered in text"),
-               "eval.tool_call.right_": ("call", "a tool call"),
-               "eval.tool_call.no_call_when_none": ("no_call", "tools offered and an answer without a call")}
-
-
-def gate(register, data_source: str) -> tuple[str, bool]:
-    """(register.gate_metric, register.gate_greater_is_better) as they apply to this data: auto is the built-in
-    data's compliance, other data's held-out loss; auto direction: lower is better for a loss or perplexity."""
-    metric = register.gate_metric
-    if metric == "auto":
-        metric = BUILTIN_GATE if data_source == "builtin" else HELD_OUT_GATE
-    greater = register.gate_greater_is_better
-    if greater == "auto":
-        greater = not metric.endswith(("loss", "perplexity"))
-    return metric, greater

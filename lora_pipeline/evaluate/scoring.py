@@ -1,6 +1,6 @@
 """Scoring the evaluation: language identification, answer extraction, MGSM loading, the held-out loss's figures,
-and the figures evaluate writes from them (the loss itself: lora_pipeline.evaluate.heldout; the checks of the eval and
-register params: lora_pipeline.evaluate.checks)."""
+and the figures evaluate writes, assembled from the catalogue (lora_pipeline.evaluate.figures; the loss itself:
+lora_pipeline.evaluate.heldout)."""
 from __future__ import annotations
 
 import csv
@@ -8,7 +8,7 @@ import math
 import re
 from pathlib import Path
 
-from lora_pipeline.evaluate.task import task_figures, tool_call_figures
+from lora_pipeline.evaluate.figures import Evaluated, computations
 
 _identifier = None
 
@@ -88,40 +88,25 @@ def loss_figures(total: float, count: int) -> dict:
     return {"loss": loss, "perplexity": math.exp(min(loss, 50)), "tokens": count}
 
 
-# The compliance figures of data whose rows ask for no reasoning language: not measured, rather than 0.
-NOT_APPLICABLE = "not applicable: no held-out row asks for a reasoning language"
-
-
 def eval_figures(languages: list[str], loss: dict, heldout: list[dict], mgsm: dict[str, list[bool]],
                  demo_reasoning: str | None) -> dict:
-    """One model's figures in metrics/eval.json, as evaluate writes them: from the held-out loss (loss_figures), the
-    generation records of the held-out questions (each that asks for a reasoning language asked once per language
-    of `languages`; compliance is NOT_APPLICABLE where none does; any other asked once and scored against its
-    reference by task.score_answer: `task` for the text answers, `tool_call` for the rows that use tools), whether
-    each MGSM answer was right, per language, and the detected language of the demo's reasoning."""
-    asked = [r for r in heldout if "reasoning_language" in r]  # the rows that ask for a reasoning language
-    if asked:
-        questions = len(asked) // len(languages)
-        compliance = {lang: sum(r["reasoning_detected"] == lang for r in asked if r["reasoning_language"] == lang)
-                      / questions for lang in languages}
-        compliance["overall"] = sum(r["reasoning_detected"] == r["reasoning_language"] for r in asked) / len(asked)
-    else:
-        compliance = NOT_APPLICABLE
-    figures = {"test": loss, "compliance": compliance}
-    with_user_lang = [r for r in heldout if "user_language" in r]
-    if with_user_lang:
-        figures["final_language_rate"] = (sum(r["final_detected"] == r["user_language"] for r in with_user_lang)
-                                          / len(with_user_lang))
-    with_answer = [r for r in heldout if "correct" in r]
-    if with_answer:
-        figures["accuracy"] = {"builtin": sum(r["correct"] for r in with_answer) / len(with_answer)}
-    if mgsm:
-        per_lang = {lang: sum(correct) / len(correct) for lang, correct in mgsm.items()}
-        per_lang["overall"] = sum(per_lang.values()) / len(per_lang)
-        figures.setdefault("accuracy", {})["mgsm"] = per_lang
-    if any("exact_match" in r for r in heldout):
-        figures["task"] = task_figures(heldout)
-    if tool_rows := [r for r in heldout if "reference_calls" in r]:
-        figures["tool_call"] = tool_call_figures(tool_rows)
-    figures["demo_reasoning_is_german"] = int(demo_reasoning == "de")
+    """One model's figures in metrics/eval.json, as evaluate writes them: each computation of the catalogue
+    (figures.FIGURES) run once on what the evaluation yields (figures.Evaluated: the held-out loss, the generation
+    records of the held-out questions, whether each MGSM answer was right, the demo's reasoning language), their
+    figures merged into one tree."""
+    evaluated = Evaluated(languages, loss, heldout, mgsm, demo_reasoning)
+    figures = {}
+    for compute in computations():
+        merge_into(figures, compute(evaluated))
     return figures
+
+
+def merge_into(tree: dict, part: dict) -> None:
+    """`part`'s figures into `tree`, a section two computations write (accuracy: built-in, MGSM) merged."""
+    for key, value in part.items():
+        if isinstance(value, dict):
+            if not isinstance(tree.get(key), dict):
+                tree[key] = {}
+            merge_into(tree[key], value)
+        else:
+            tree[key] = value

@@ -6,7 +6,6 @@ import re
 import unicodedata
 from collections import Counter
 
-from lora_pipeline.config.outputs import ROW_FIGURES
 from lora_pipeline.model.chat import split_reasoning, uses_tools
 
 # What the tiny ChatML tools template (and Qwen2.5's) writes for a call.
@@ -187,7 +186,7 @@ def tool_call_figures(records: list[dict]) -> dict:
 
 
 def row_yields(row: dict) -> set[str]:
-    """Which figure groups of config.outputs.ROW_FIGURES a held-out row that asks no reasoning language yields:
+    """Which figures (by the names of evaluate.figures.ROW_NEEDS) a held-out row that asks no reasoning language yields:
     "text" (its reference answers in text, without a call), "call" (it calls a tool), "no_call" (it offers tools and
     answers without one)."""
     messages = row.get("messages") or []
@@ -199,11 +198,6 @@ def row_yields(row: dict) -> set[str]:
     if not expected["text"]:
         return set()
     return {"text", "no_call"} if "calls" in expected else {"text"}
-
-
-def gate_needs(metric: str) -> tuple[str, str] | None:
-    """(row_yields group, its words) that a gate figure needs (config.outputs.ROW_FIGURES), or None for any other."""
-    return next((need for prefix, need in ROW_FIGURES.items() if metric.startswith(prefix)), None)
 
 
 # The figures task.md's table shows: (section of metrics/eval.json, key, label).

@@ -1,6 +1,6 @@
 """MLflow for the register stage: provenance from dvc.lock, model versions, the champion/candidate aliases, and the
 stage's run completed and its model registered (where runs go: lora_pipeline.train.tracking; the served model:
-lora_pipeline.registry.serving)."""
+lora_pipeline.registry.serving; the gate's rule: lora_pipeline.registry.gate)."""
 from __future__ import annotations
 
 import csv
@@ -17,8 +17,9 @@ from mlflow.exceptions import MlflowException
 
 from lora_pipeline.config import dvcfiles
 from lora_pipeline.train import tracking
-from lora_pipeline.config.outputs import METRICS, gate
+from lora_pipeline.config.outputs import METRICS
 from lora_pipeline.config.params import flat_keys
+from lora_pipeline.registry.gate import champion_decision, gate
 from lora_pipeline.registry.mlflow_names import CANDIDATE, CHAMPION, name_filter
 
 # What the register stage writes. REGISTRATION, its one DVC output: what it registered (model, pipeline run, gate
@@ -109,24 +110,6 @@ def run_completed(client: MlflowClient, run_id: str) -> bool:
     """Whether the run finished its registration (a version whose run did not was left without its aliases)."""
     run = client.get_run(run_id)
     return run.info.status == "FINISHED" and "registered_version" in run.data.tags
-
-
-def champion_decision(client: MlflowClient, model_name: str, metric: str, value: float,
-                      greater_is_better: bool) -> dict:
-    """Whether a new version with gate `metric` = `value` beats the current @champion (which may not exist)."""
-    try:
-        champion = client.get_model_version_by_alias(model_name, CHAMPION)
-    except mlflow.exceptions.MlflowException:
-        return {"promote": True, "reason": "no champion yet", "metric": metric, "champion_version": None,
-                "champion_value": None}
-    current = client.get_run(champion.run_id).data.metrics.get(metric)
-    if current is None:
-        better = True
-    else:
-        better = value > current if greater_is_better else value < current
-    verdict = "beats" if better else "does not beat"
-    return {"promote": better, "metric": metric, "champion_version": champion.version, "champion_value": current,
-            "reason": f"{metric} {value:.4g} {verdict} champion v{champion.version}'s {current}"}
 
 
 # What the register stage logs besides the metrics files (lora_pipeline.config.outputs.METRICS).

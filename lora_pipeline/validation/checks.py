@@ -9,18 +9,19 @@ from pathlib import Path
 
 from lora_pipeline.config import dvcfiles
 from lora_pipeline.config.cache import cached
-from lora_pipeline.config.outputs import HELD_OUT_GATE, REASONING_FIGURES, gate
 from lora_pipeline.config.params import Params, ParamsError, ROOT, for_stage, validate
 from lora_pipeline.data.formats import Converter, FormatError, check_format
 from lora_pipeline.data.local import check_data, check_text_only, local_objects, local_rows
 from lora_pipeline.data.splitting import split_problem, too_few_rows
-from lora_pipeline.evaluate.checks import check_eval, check_gate_metric, check_register
+from lora_pipeline.evaluate.checks import check_eval
+from lora_pipeline.evaluate.figures import REASONING, ROW_NEEDS
 from lora_pipeline.evaluate.scoring import asks_reasoning_language
-from lora_pipeline.evaluate.task import gate_needs, row_yields
+from lora_pipeline.evaluate.task import row_yields
 from lora_pipeline.launch.launcher import check_launch
 from lora_pipeline.launch.machine import check_eval_launch, check_machine, distributed_type, training_processes
 from lora_pipeline.model.base_checks import (check_base_model, check_model, check_packed_experts, check_quantization,
                                         check_save_format, check_tiny)
+from lora_pipeline.registry.gate import HELD_OUT_GATE, check_gate_metric, check_register, eval_figure, gate_metric
 from lora_pipeline.registry.mlflow_names import check_mlflow_names
 from lora_pipeline.train.global_batch import split_global_batch
 from lora_pipeline.train.sft_args import STAGE_OWNED_SFT_FIELDS
@@ -71,21 +72,22 @@ def validate_all(raw: dict, root: Path = ROOT) -> Params:
 
 
 def check_gate_data(register, data) -> None:
-    """A reasoning figure (compliance, the final answer's language, the built-in accuracy) gates only data whose rows
-    ask for a reasoning language; a task or tool-call figure only data with a row asked as it asks that yields it
-    (evaluate.task.gate_needs), which the built-in rows never are. A local file is read to know it (a Hub data set is
+    """An evaluation figure gates only data that yields it, by what the catalogue says it needs (evaluate.figures): a
+    reasoning figure (compliance, the final answer's language, the built-in accuracy) data whose rows ask for a
+    reasoning language; a task or tool-call figure data with a row asked as it asks that yields it
+    (evaluate.task.row_yields), which the built-in rows never are. A local file is read to know it (a Hub data set is
     known only once fetched)."""
-    metric, _ = gate(register, data.source)
-    if metric.startswith(REASONING_FIGURES) and data.source == "local" and not local_rows_ask_reasoning(data):
+    metric = gate_metric(register, data.source)
+    need = figure.needs if (figure := eval_figure(metric)) else None
+    if need is REASONING and data.source == "local" and not local_rows_ask_reasoning(data):
         raise ValueError(f"register.gate_metric: '{metric}' needs rows that ask for a reasoning language, and no row "
                          f"of {data.name} does; gate on the held-out loss ({HELD_OUT_GATE}, or auto)")
-    if need := gate_needs(metric):
-        group, words = need
+    if need in ROW_NEEDS:
         if data.source == "builtin" or (data.source == "local" and not local_rows_any(
-                data, lambda row: not asks_reasoning_language(row) and group in row_yields(row))):
+                data, lambda row: not asks_reasoning_language(row) and need.name in row_yields(row))):
             where = "the built-in set (each asks for a reasoning language)" if data.source == "builtin" else data.name
             raise ValueError(f"register.gate_metric: '{metric}' needs a row that asks no reasoning language with "
-                             f"{words}, and no row of {where} has one; gate on a figure this data yields, e.g. "
+                             f"{need.words}, and no row of {where} has one; gate on a figure this data yields, e.g. "
                              f"the held-out loss ({HELD_OUT_GATE}, or auto)")
 
 

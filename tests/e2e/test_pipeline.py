@@ -63,6 +63,23 @@ def test_nothing_changed_runs_nothing(repo):
     assert (repo / "models/registered.json").read_text() == before
 
 
+def test_moving_the_default_gate_re_runs_only_validate_and_register(repo):
+    """The gate's rule lives in lora_pipeline/registry/gate.py, which only validate and register depend on: the
+    built-in data's default gate moved to another figure leaves every other stage as it was."""
+    repo, _ = repo
+    module = repo / "lora_pipeline/registry/gate.py"
+    original = module.read_text()
+    moved = original.replace('BUILTIN_GATE, HELD_OUT_GATE = "eval.compliance.overall"',
+                             'BUILTIN_GATE, HELD_OUT_GATE = "eval.final_language_rate"')
+    assert moved != original
+    module.write_text(moved)
+    try:
+        status = json.loads(run(["dvc", "status", "--json"], repo))
+    finally:
+        module.write_text(original)
+    assert sorted(status) == ["register", "validate"], status
+
+
 def test_register_is_idempotent_for_the_same_model(repo):
     repo, _ = repo
     first = json.loads((repo / "models/registered.json").read_text())

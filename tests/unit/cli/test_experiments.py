@@ -101,6 +101,21 @@ def test_the_task_columns_show_where_a_row_has_them():
     assert all(len(line) <= WIDTH for line in lines), text
 
 
+def test_a_figure_of_the_catalogue_shows_as_its_column_where_a_row_has_it():
+    """The answers' length in words (eval.answer_words): a column after the task columns once an experiment has it,
+    named in the legend."""
+    shown = copy.deepcopy(SHOWN)
+    shown[1]["experiments"][0]["revs"][0]["data"]["metrics"]["metrics/eval.json"]["data"]["answer_words"] = 9.46
+    text = table(experiment_rows(shown), "eval.compliance.overall", True)
+    lines = text.splitlines()
+    assert lines[0].split() == ["experiment", "loss", "comp", "de", "en", "final", "mgsm", "words", "merge", "changed"]
+    rows = lines[2:next(i for i, line in enumerate(lines) if line.startswith("sorted by"))]
+    words = {line.split()[0]: line.split()[7] for line in rows if not line.startswith(" ")}
+    assert words == {"r16-alpha32": "9.46", "workspace": "-", "r16": "-", "mgsm-3": "-", "main": "-", "mgsm-2": "-",
+                     "nf4": "-"}, text
+    assert "; words: mean words of the held-out answers; merge:" in " ".join(text.split())  # the legend, wrapped
+
+
 def test_lower_is_better_gate_puts_the_smallest_loss_first():
     names = list(changed_cells(table(experiment_rows(SHOWN), "eval.test.loss", False)))
     assert names[0] == "nf4" and names[-1] == "mgsm-2", names

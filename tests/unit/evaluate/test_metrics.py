@@ -11,9 +11,9 @@ import yaml
 
 from conftest import MGSM, ROOT
 from lora_pipeline.config.params import Eval, flat_keys
-from lora_pipeline.evaluate.checks import NOT_GATES, eval_metric_keys
-from lora_pipeline.evaluate.scoring import (NOT_APPLICABLE, answer_correct, detect_language, eval_figures, last_number,
-                                            loss_figures, mgsm_files, read_mgsm)
+from lora_pipeline.evaluate.figures import NOT_APPLICABLE, written
+from lora_pipeline.evaluate.scoring import (answer_correct, detect_language, eval_figures, last_number, loss_figures,
+                                            mgsm_files, read_mgsm)
 
 needs_mgsm = pytest.mark.skipif(not MGSM.is_dir(), reason=f"MGSM not at {MGSM}")
 
@@ -78,20 +78,24 @@ def test_compare_logits_over_the_masked_positions():
 
 def test_eval_figures_from_the_records():
     heldout = [{"reasoning_language": lang, "reasoning_detected": detected, "final_detected": "en",
-                "user_language": "en", "correct": correct}
-               for lang, detected, correct in [("en", "en", True), ("de", "en", False), ("en", "en", True),
-                                               ("de", "de", True)]]
+                "user_language": "en", "correct": correct, "generated": generated}
+               for lang, detected, correct, generated in [
+                   ("en", "en", True, "<think>\nfive and two\n</think>\nIt is 7.<|im_end|>"),
+                   ("de", "en", False, "<think>\nfive and two\n</think>\n8<|im_end|>"),
+                   ("en", "en", True, "<think>\nfive and two\n</think>\nSeven: 7.<|im_end|>"),
+                   ("de", "de", True, "<think>\nfünf und zwei\n</think>\n\u4e03\u4e2a<|im_end|>")]]
     figures = eval_figures(["en", "de"], loss_figures(6.0, 3), heldout, {"en": [True, False], "de": [True]}, "de")
     assert figures == {"test": {"loss": 2.0, "perplexity": math.exp(2.0), "tokens": 3},
                        "compliance": {"en": 1.0, "de": 0.5, "overall": 0.75}, "final_language_rate": 1.0,
                        "accuracy": {"builtin": 0.75, "mgsm": {"en": 0.5, "de": 1.0, "overall": 0.75}},
-                       "demo_reasoning_is_german": 1}
+                       "answer_words": (3 + 1 + 2 + 2) / 4, "demo_reasoning_is_german": 1}
     assert list(figures["compliance"]) == ["en", "de", "overall"]  # the order of plots/compliance/*.csv
 
 
-def test_the_gate_figures_are_those_evaluate_writes(monkeypatch):
-    """evaluate's metrics, with MGSM and rows that have a user language and an answer, are eval_metric_keys and
-    NOT_GATES: a figure added to evaluate is one the gate can name."""
+def test_the_catalogue_names_every_figure_evaluate_writes(monkeypatch):
+    """evaluate's metrics, with MGSM and rows of every kind (a user language and an answer, a text reference, a tool
+    call, tools answered without a call), are the catalogue's keys for these params: a figure evaluate writes that the
+    catalogue lacks, or one it declares that evaluate never writes, fails here."""
     with patch.dict(os.environ):  # importing the stages pins the CPU numerics in os.environ
         from stages import evaluate
     ev = Eval.model_validate({**yaml.safe_load((ROOT / "params.yaml").read_text())["eval"],
@@ -114,8 +118,7 @@ def test_the_gate_figures_are_those_evaluate_writes(monkeypatch):
                           {"role": "assistant", "content": None, "tool_calls": [call]}], "tools": [{"name": "x"}]}
     questions += [answer, calls, {**answer, "tools": [{"name": "x"}]}]
     metrics, _, _ = evaluate.evaluate(model, None, ev, [], questions)
-    gates = set(eval_metric_keys(ev))
-    assert set(flat_keys(metrics)) == gates | NOT_GATES and not gates & NOT_GATES
+    assert sorted(flat_keys(metrics)) == sorted(written(ev))
 
 
 def test_compliance_is_not_applicable_where_no_row_asks_for_a_reasoning_language(monkeypatch):

@@ -144,12 +144,13 @@ def test_text_answers_are_scored_on_the_final_answer():
 
 
 def scored_records():
-    plain = [score_answer({"text": ref}, answer) for answer, ref in
+    plain = [({"text": ref}, answer) for answer, ref in
              [("Paris", "Paris."), ("the cat sat", "the cat is here"), ("", "nothing")]]
-    tools = [score_answer(reference(tool_row()), qwen_call("get_weather", {"city": "Paris"})),
-             score_answer(reference(tool_row()), qwen_call("get_weather", {"city": "Rome"})),
-             score_answer({"text": "Hello", "calls": []}, "Hello")]
-    return [{"set": "heldout", "question": f"q{i}", **r} for i, r in enumerate(plain + tools)]
+    tools = [(reference(tool_row()), qwen_call("get_weather", {"city": "Paris"})),
+             (reference(tool_row()), qwen_call("get_weather", {"city": "Rome"})),
+             ({"text": "Hello", "calls": []}, "Hello")]
+    return [{"set": "heldout", "question": f"q{i}", "generated": generated, **score_answer(expected, generated)}
+            for i, (expected, generated) in enumerate(plain + tools)]
 
 
 def test_eval_figures_score_the_rows_asked_as_they_ask():
@@ -162,6 +163,7 @@ def test_eval_figures_score_the_rows_asked_as_they_ask():
     assert figures["tool_call"] == {"questions": 3, "calls_expected": 2, "answers_expected": 1, "right_call": 0.5,
                                     "right_name": 1.0, "no_call_when_none": 1.0}
     assert figures["compliance"] == "not applicable: no held-out row asks for a reasoning language"
+    assert figures["answer_words"] == (1 + 3 + 0 + 0 + 0 + 1) / 6  # a call is no answer text
 
 
 def test_the_figures_of_rows_that_ask_a_reasoning_language_are_unchanged():
@@ -170,7 +172,8 @@ def test_the_figures_of_rows_that_ask_a_reasoning_language_are_unchanged():
                 "reasoning_detected": "en", "final_detected": "en", "user_language": "en", "correct": True}]
     figures = eval_figures(["en"], loss_figures(1.0, 1), heldout, {}, "de")
     assert figures == {"test": loss_figures(1.0, 1), "compliance": {"en": 1.0, "overall": 1.0},
-                       "final_language_rate": 1.0, "accuracy": {"builtin": 1.0}, "demo_reasoning_is_german": 1}
+                       "final_language_rate": 1.0, "accuracy": {"builtin": 1.0}, "answer_words": 1.0,
+                       "demo_reasoning_is_german": 1}
     assert task_report(heldout, heldout, figures, figures) == f"# Held-out answers against their references\n\n" \
                                                               f"{NOTHING_SCORED}"
 

@@ -3,7 +3,8 @@ champion's run lacks the gate figure, or when the new figure is strictly better 
 import pytest
 from mlflow import MlflowClient
 
-from lora_pipeline.registry.register import CHAMPION, champion_decision
+from lora_pipeline.registry.gate import champion_decision
+from lora_pipeline.registry.mlflow_names import CHAMPION
 
 pytestmark = pytest.mark.unit
 MODEL, METRIC = "reasoner", "eval.compliance.overall"

@@ -5,9 +5,8 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from lora_pipeline.config.outputs import gate
 from lora_pipeline.config.params import Data, Eval, Register
-from lora_pipeline.evaluate.checks import check_gate_metric, eval_metric_keys
+from lora_pipeline.registry.gate import check_gate_metric, eval_metric_keys, gate
 from lora_pipeline.validation.checks import check_gate_data
 
 SHIPPED = yaml.safe_load((ROOT / "params.yaml").read_text())
