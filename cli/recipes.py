@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the dvc exp run command, run nothing")
     parser.add_argument("extra", nargs="*", help="after --: options for dvc exp run (--queue, --temp, ...)")
     args = parser.parse_args(argv)
-    from lora_pipeline.validation.checks import check_library_fields, check_scheduler
+    from lora_pipeline.validation.all_checks import check_library_fields, check_scheduler
     from lora_pipeline.config.params import for_stage, validate
 
     try:  # the recipe's own mistakes, before DVC touches params.yaml; the rest is the validate stage's job

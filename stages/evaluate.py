@@ -18,7 +18,7 @@ import torch
 
 from lora_pipeline.config.outputs import METRICS, read_jsonl, write_json, write_jsonl, write_text
 from lora_pipeline.config.params import LANGUAGE_NAMES, load_params
-from lora_pipeline.evaluate.checks import check_eval
+from lora_pipeline.evaluate.eval_checks import check_eval
 from lora_pipeline.evaluate.generation import generate, use_for_generation
 from lora_pipeline.evaluate.heldout import heldout_loss, use_for_loss
 from lora_pipeline.evaluate.report import plot_report, write_compliance

@@ -22,17 +22,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from lora_pipeline.config.outputs import write_json
 from lora_pipeline.config.params import ROOT, load_params
-from lora_pipeline.registry import register
+from lora_pipeline.registry import registration
 from lora_pipeline.registry.gate import gate
 
 
 def main():
     params = load_params("register")
-    metrics = register.stage_metrics(gate(params.register, params.data.source)[0])
-    registration, record = register.register_pipeline_run(params, metrics, ROOT)
-    write_json(register.RECORD, record)
-    write_json(register.REGISTRATION, registration)
-    print(register.RECORD.read_text())
+    metrics = registration.stage_metrics(gate(params.register, params.data.source)[0])
+    registered, record = registration.register_pipeline_run(params, metrics, ROOT)
+    write_json(registration.RECORD, record)
+    write_json(registration.REGISTRATION, registered)
+    print(registration.RECORD.read_text())
 
 
 if __name__ == "__main__":

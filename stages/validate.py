@@ -14,7 +14,7 @@ from lora_pipeline.config.dvcfiles import read_yaml
 from lora_pipeline.config.outputs import write_text
 from lora_pipeline.config.params import DIGEST, ParamsError, ROOT, params_digest
 from lora_pipeline.registry.gate import gate
-from lora_pipeline.validation.checks import validate_all
+from lora_pipeline.validation.all_checks import validate_all
 
 OUT = Path("data/params.ok")
 

@@ -1,6 +1,6 @@
 """The registered model as MLflow serves it: a pyfunc ChatModel over the merged model or the adapter on its base, the
 checks of a request's prompts and generation params against what the model can serve, and its logging with this
-package's code (the registry, aliases and provenance: lora_pipeline.registry.register)."""
+package's code (the registry, aliases and provenance: lora_pipeline.registry.registration)."""
 from __future__ import annotations
 
 import math

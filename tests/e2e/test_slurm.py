@@ -178,7 +178,7 @@ def test_validate_asks_slurm_whether_it_would_run_each_job(slurm_cluster, monkey
     """srun --test-only: a job that asks for more nodes than the cluster has, or than are up, is refused with Slurm's
     reason, and the nodes that cannot take it are named with theirs."""
     from helpers import shipped
-    from lora_pipeline.validation.checks import validate_all
+    from lora_pipeline.validation.all_checks import validate_all
     from lora_pipeline.config.params import ParamsError
 
     monkeypatch.chdir(ROOT)

@@ -190,8 +190,8 @@ def test_a_folder_the_stage_never_imports_is_named():
 # What an edit re-runs. Data: reading and converting data is fetch's work (validate checks data.format, data.columns
 # and the split rule), the split split's; train, merge, evaluate and register read and write JSON Lines only.
 # Evaluation: the evaluations, register (the served model generates with lora_pipeline.evaluate.generation) and
-# validate (it checks the eval params with lora_pipeline.evaluate.checks); never train. The registry, with the gate's
-# rule (lora_pipeline.registry.gate): validate and register alone.
+# validate (it checks the eval params with lora_pipeline.evaluate.eval_checks); never train. The registry, with the
+# gate's rule (lora_pipeline.registry.gate): validate and register alone.
 RERUN_BY = {
     "lora_pipeline/data": {"validate", "fetch", "split"},
     "lora_pipeline/evaluate": {"validate", "evaluate_base", "evaluate", "register"},

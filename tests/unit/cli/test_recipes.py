@@ -8,7 +8,7 @@ import yaml
 from conftest import ROOT, git_env, run
 from cli.recipes import compose, exp_run_command, main
 from lora_pipeline.config.params import ParamsError, flat_keys, for_stage, validate
-from lora_pipeline.validation.checks import check_library_fields, check_scheduler
+from lora_pipeline.validation.all_checks import check_library_fields, check_scheduler
 
 RECIPES = sorted(str(p.relative_to(ROOT / "recipes"))[:-5] for p in (ROOT / "recipes").rglob("*.yaml"))
 

@@ -12,7 +12,7 @@ from conftest import ROOT, copy_repo, run_env
 from helpers import DELETE, shipped
 from lora_pipeline.config.params import ParamsError
 from lora_pipeline.data.splitting import MIN_TEST_ROWS
-from lora_pipeline.validation.checks import validate_all
+from lora_pipeline.validation.all_checks import validate_all
 
 HAS_FLASH_ATTN = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
 

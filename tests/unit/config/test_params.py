@@ -11,7 +11,7 @@ from lora_pipeline.config.dvcfiles import declared_params
 from lora_pipeline.config.outputs import write_jsonl
 from lora_pipeline.config.params import Params, ParamsError, for_stage, load_params, params_digest, validate
 from lora_pipeline.data.builtin import generate
-from lora_pipeline.validation.checks import check_library_fields
+from lora_pipeline.validation.all_checks import check_library_fields
 
 STAGES = list(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
 
@@ -208,7 +208,7 @@ def test_validate_caches_what_it_derives_from_the_libraries(tmp_path, monkeypatc
     from transformers import SchedulerType
 
     from lora_pipeline.model.base_checks import base_model_layout
-    from lora_pipeline.validation.checks import library_fields
+    from lora_pipeline.validation.all_checks import library_fields
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     fields = library_fields()

@@ -40,7 +40,7 @@ def test_the_sft_fields_train_sets_are_sftconfig_fields():
 
     from trl import SFTConfig
 
-    from lora_pipeline.validation.checks import library_fields
+    from lora_pipeline.validation.all_checks import library_fields
 
     sftconfig_fields = {field.name for field in dataclasses.fields(SFTConfig)}
     for checkpoint_steps, on_gpu in ((0, False), (10, False), (0, True), (10, True)):

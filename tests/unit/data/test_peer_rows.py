@@ -18,7 +18,7 @@ from lora_pipeline.data.rows import messages_key, row_key
 from lora_pipeline.data.sources import DataError, clean_rows, load_data, read_local
 from lora_pipeline.data.splitting import (MIN_TEST_ROWS, prompt_key, remove_test_prompts, rows_needed, split_problem,
                                           split_rows)
-from lora_pipeline.validation.checks import check_split
+from lora_pipeline.validation.all_checks import check_split
 
 
 def data_params(**changes) -> Data:

@@ -424,7 +424,7 @@ GPT_OSS = {"model.source": "tiny-gpt-oss", "quantization.method": "mxfp4-dequant
     ({**GPT_OSS, "train.accelerate_config": "fsdp2"}, "(FSDP): the packed experts are buffers"),
 ], ids=["not-gpt-oss", "lora-on-experts", "fsdp2"])
 def test_validate_refuses_packed_experts_where_they_cannot_run(monkeypatch, changes, fragment):
-    from lora_pipeline.validation.checks import validate_all
+    from lora_pipeline.validation.all_checks import validate_all
     from lora_pipeline.config.params import ParamsError
 
     monkeypatch.chdir(ROOT)
@@ -443,7 +443,7 @@ def test_validate_refuses_packed_experts_where_they_cannot_run(monkeypatch, chan
      "grouped_mm, which packs nothing; allowed: 0, or model.experts_implementation grouped_mm_mxfp4"),
 ], ids=["more-than-the-layers", "nothing-packed"])
 def test_validate_refuses_layers_kept_in_16_bits_that_cannot_be(monkeypatch, changes, message):
-    from lora_pipeline.validation.checks import validate_all
+    from lora_pipeline.validation.all_checks import validate_all
     from lora_pipeline.config.params import ParamsError
 
     monkeypatch.chdir(ROOT)
@@ -456,7 +456,7 @@ def test_validate_refuses_layers_kept_in_16_bits_that_cannot_be(monkeypatch, cha
 def test_validate_refuses_packed_experts_of_a_base_without_mxfp4(monkeypatch, tmp_path):
     from transformers import AutoConfig
 
-    from lora_pipeline.validation.checks import validate_all
+    from lora_pipeline.validation.all_checks import validate_all
     from lora_pipeline.config.params import ParamsError
 
     monkeypatch.chdir(ROOT)
@@ -470,7 +470,7 @@ def test_validate_refuses_packed_experts_of_a_base_without_mxfp4(monkeypatch, tm
 
 
 def test_validate_accepts_packed_experts_of_tiny_gpt_oss(monkeypatch):
-    from lora_pipeline.validation.checks import validate_all
+    from lora_pipeline.validation.all_checks import validate_all
 
     monkeypatch.chdir(ROOT)
     assert validate_all(shipped(**GPT_OSS)).model.experts_implementation == MXFP4_EXPERTS

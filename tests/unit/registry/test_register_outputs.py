@@ -5,7 +5,7 @@ import subprocess
 import yaml
 
 from conftest import ROOT
-from lora_pipeline.registry.register import RECORD, REGISTRATION, STAGE
+from lora_pipeline.registry.registration import RECORD, REGISTRATION, STAGE
 
 DVC_STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 

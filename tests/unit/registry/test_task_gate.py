@@ -7,7 +7,7 @@ import yaml
 from conftest import ROOT
 from lora_pipeline.config.params import Data, Eval, Register
 from lora_pipeline.registry.gate import check_gate_metric, eval_metric_keys, gate
-from lora_pipeline.validation.checks import check_gate_data
+from lora_pipeline.validation.all_checks import check_gate_data
 
 SHIPPED = yaml.safe_load((ROOT / "params.yaml").read_text())
 

@@ -6,10 +6,10 @@ import yaml
 
 from conftest import MGSM
 from lora_pipeline.data.local import check_data, local_rows
-from lora_pipeline.evaluate.checks import check_eval
+from lora_pipeline.evaluate.eval_checks import check_eval
 from lora_pipeline.model.base_checks import check_model
 from lora_pipeline.registry.gate import check_register, gate
-from lora_pipeline.validation.checks import check_gate_data, check_split, most_rows
+from lora_pipeline.validation.all_checks import check_gate_data, check_split, most_rows
 from conftest import ROOT
 from lora_pipeline.config.params import Data, Eval, Model, Register, Split
 

@@ -13,7 +13,7 @@ from lora_pipeline.config.params import Params, ParamsError, ROOT, for_stage, va
 from lora_pipeline.data.formats import Converter, FormatError, check_format
 from lora_pipeline.data.local import check_data, check_text_only, local_objects, local_rows
 from lora_pipeline.data.splitting import split_problem, too_few_rows
-from lora_pipeline.evaluate.checks import check_eval
+from lora_pipeline.evaluate.eval_checks import check_eval
 from lora_pipeline.evaluate.figures import REASONING, ROW_NEEDS
 from lora_pipeline.evaluate.scoring import asks_reasoning_language
 from lora_pipeline.evaluate.task import row_yields
