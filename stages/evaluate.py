@@ -19,6 +19,7 @@ import torch
 from lora_pipeline.config.outputs import METRICS, read_jsonl, write_json, write_jsonl, write_text
 from lora_pipeline.config.params import LANGUAGE_NAMES, load_params
 from lora_pipeline.evaluate.eval_checks import check_eval
+from lora_pipeline.evaluate.figures import report_figures
 from lora_pipeline.evaluate.generation import generate, use_for_generation
 from lora_pipeline.evaluate.heldout import heldout_loss, use_for_loss
 from lora_pipeline.evaluate.report import plot_report, write_compliance
@@ -163,7 +164,7 @@ def main():
     base = json.loads(MODELS["base"]["metrics"].read_text())
     write_json(paths["metrics"], metrics | ({"base": base} if base else {}))
     base_records = read_jsonl(MODELS["base"]["generations"])
-    write_text(TASK_REPORT, task_report(records, base_records, metrics, base))
+    write_text(TASK_REPORT, task_report(records, base_records, metrics, base, report_figures()))
     transcripts = records + base_records
     demo_lines = []
     for record in (r for r in transcripts if r["set"] == "demo"):

@@ -59,7 +59,8 @@ class Figure:
     languages; computed: how, in words; computed_by: the computation that writes it (several figures may share one),
     which returns what it computes shaped as metrics/eval.json, {} where its rows are missing; higher_is_better: its
     direction as a gate, None where neither more nor less is better (a count, a length); needs: what it is written
-    from; may_gate: whether register.gate_metric may name it; column: its column in `make exps`, if any."""
+    from; may_gate: whether register.gate_metric may name it; column: its column in `make exps`, if any; report: its
+    label in reports/task.md's table of the answers scored against their references, if it is there."""
     key: str
     computed: str
     computed_by: Callable[[Evaluated], dict]
@@ -67,6 +68,7 @@ class Figure:
     needs: Need
     may_gate: bool
     column: Column | None = None
+    report: str | None = None
 
     @property
     def placeholder(self) -> str | None:
@@ -153,7 +155,7 @@ def demo(evaluated: Evaluated) -> dict:
 
 # Every figure evaluate writes, for the fine-tuned model and the base alike. The columns of `make exps` come in this
 # order (after them, merge's); a figure without one is anywhere. Each: key, how it is computed, its computation,
-# higher is better, what it needs, may gate, column.
+# higher is better, what it needs, may gate, column, label in reports/task.md.
 FIGURES = (
     Figure("test.loss", "mean cross-entropy over the held-out rows' assistant tokens (evaluate.heldout)",
            held_out_loss, False, ANY, True, Column("loss", "held-out loss", always=True)),
@@ -168,16 +170,18 @@ FIGURES = (
     Figure("accuracy.mgsm.overall", "mean over the MGSM languages of their accuracy", mgsm_accuracy, True, MGSM,
            True, Column("mgsm", "MGSM accuracy", always=True)),
     Figure("task.exact_match", "share of text answers equal to their reference once normalised (task.normalized)",
-           text_answers, True, TEXT, True, Column("match", "exact match of the held-out answers (normalised)")),
+           text_answers, True, TEXT, True, Column("match", "exact match of the held-out answers (normalised)"),
+           "exact match (share)"),
     Figure("task.rouge_l", "mean ROUGE-L F1 of the text answers against their references (task.rouge_l)",
-           text_answers, True, TEXT, True, Column("rougeL", "their mean ROUGE-L F1")),
+           text_answers, True, TEXT, True, Column("rougeL", "their mean ROUGE-L F1"), "ROUGE-L F1 (mean)"),
     Figure("task.chrf", "sacrebleu's corpus chrF (0-100) of the text answers against their references", text_answers,
-           True, TEXT, True, Column("chrF", "their corpus chrF (0-100)")),
+           True, TEXT, True, Column("chrF", "their corpus chrF (0-100)"), "chrF (corpus, 0-100)"),
     Figure("tool_call.right_call", "share of rows whose reference calls answered with its calls (names and parsed "
-           "arguments)", tool_calls, True, CALL, True, Column("call", "tool calls right (name and arguments)")),
+           "arguments)", tool_calls, True, CALL, True, Column("call", "tool calls right (name and arguments)"),
+           "right call (share)"),
     Figure("tool_call.no_call_when_none", "share of rows that offer tools and whose reference answers without a "
            "call answered without one", tool_calls, True, NO_CALL, True,
-           Column("nocall", "answered without a call where the reference does")),
+           Column("nocall", "answered without a call where the reference does"), "no call where none is due (share)"),
     Figure("answer_words", "mean words of the final answers to the held-out questions (task.UnicodeWords)",
            answer_words, None, ANY, False, Column("words", "mean words of the held-out answers")),
     Figure("test.perplexity", "exp of the held-out loss", held_out_loss, False, ANY, True),
@@ -188,7 +192,7 @@ FIGURES = (
            mgsm_accuracy, True, MGSM, True),
     Figure("task.questions", "how many text answers were scored", text_answers, None, TEXT, False),
     Figure("tool_call.right_name", "share of rows whose reference calls answered with calls of its function names",
-           tool_calls, True, CALL, True),
+           tool_calls, True, CALL, True, report="right function name (share)"),
     Figure("tool_call.questions", "how many rows use tools", tool_calls, None, TOOLS, False),
     Figure("tool_call.calls_expected", "how many of them have a reference that calls", tool_calls, None, TOOLS,
            False),
@@ -214,3 +218,8 @@ def written(ev) -> dict[str, Figure]:
 def computations() -> list[Callable[[Evaluated], dict]]:
     """The figures' computations, each once, in the catalogue's order."""
     return list(dict.fromkeys(figure.computed_by for figure in FIGURES))
+
+
+def report_figures() -> list[tuple[str, str]]:
+    """(key, label) of the figures reports/task.md's table shows, in the catalogue's order."""
+    return [(figure.key, figure.report) for figure in FIGURES if figure.report]

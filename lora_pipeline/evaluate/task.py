@@ -200,11 +200,6 @@ def row_yields(row: dict) -> set[str]:
     return {"text", "no_call"} if "calls" in expected else {"text"}
 
 
-# The figures task.md's table shows: (section of metrics/eval.json, key, label).
-REPORT_FIGURES = [("task", "exact_match", "exact match (share)"), ("task", "rouge_l", "ROUGE-L F1 (mean)"),
-                  ("task", "chrf", "chrF (corpus, 0-100)"), ("tool_call", "right_call", "right call (share)"),
-                  ("tool_call", "right_name", "right function name (share)"),
-                  ("tool_call", "no_call_when_none", "no call where none is due (share)")]
 NOTHING_SCORED = ("No held-out question is scored against its reference here: the held-out rows ask for a reasoning "
                   "language (compliance and accuracy in metrics/eval.json score them) or hold no question.\n")
 
@@ -214,9 +209,11 @@ def scored(records: list[dict]) -> list[dict]:
     return [r for r in records if r.get("set") == "heldout" and ("reference" in r or "reference_calls" in r)]
 
 
-def task_report(finetuned: list[dict], base: list[dict], figures: dict, base_figures: dict) -> str:
+def task_report(finetuned: list[dict], base: list[dict], figures: dict, base_figures: dict,
+                table_figures: list[tuple[str, str]]) -> str:
     """reports/task.md: each scored held-out question's prompt, its reference and each model's answer with its
-    scores, after a table of both models' figures; the base's column only where its questions are the same."""
+    scores, after a table of both models' figures (`table_figures`: (dotted key in metrics/eval.json, label), from
+    figures.report_figures); the base's column only where its questions are the same."""
     finetuned, base = scored(finetuned), scored(base)
     if not finetuned:
         return f"# Held-out answers against their references\n\n{NOTHING_SCORED}"
@@ -229,8 +226,9 @@ def task_report(finetuned: list[dict], base: list[dict], figures: dict, base_fig
              "answer; how each figure is computed: docs/evaluation.md.", "",
              "| figure | " + " | ".join(name for name, _, _ in models) + " |",
              "|---|" + "---|" * len(models)]
-    for section, key, label in REPORT_FIGURES:
-        values = [f.get(section, {}).get(key) for _, _, f in models]
+    for key, label in table_figures:
+        section, name = key.split(".")
+        values = [f.get(section, {}).get(name) for _, _, f in models]
         if any(v is not None for v in values):
             lines.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.3g}" for v in values) + " |")
     for number, records in enumerate(zip(*(r for _, r, _ in models)), 1):

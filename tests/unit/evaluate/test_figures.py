@@ -1,10 +1,10 @@
 """The catalogue of evaluation figures: each key declared once, patterns told from exact keys, and what may gate has a
-direction and a need validate can check."""
+direction and a need validate can check, and reports/task.md shows figures of the answers scored against a reference."""
 import yaml
 
 from conftest import ROOT
 from lora_pipeline.config.params import Eval
-from lora_pipeline.evaluate.figures import ANY, FIGURES, MGSM, REASONING, ROW_NEEDS, figure_of, written
+from lora_pipeline.evaluate.figures import ANY, FIGURES, MGSM, REASONING, ROW_NEEDS, figure_of, report_figures, written
 
 SHIPPED_EVAL = yaml.safe_load((ROOT / "params.yaml").read_text())["eval"]
 
@@ -40,3 +40,13 @@ def test_a_figure_that_may_gate_has_a_direction_and_a_need_validate_checks():
             assert figure.needs in (ANY, REASONING, MGSM, *ROW_NEEDS), figure.key
         if figure.higher_is_better is None:  # a count
             assert not figure.may_gate, figure.key
+
+
+def test_the_task_report_shows_figures_of_the_answers_scored_against_a_reference():
+    """reports/task.md's table: each figure a row with a reference yields (a text or a call), under its label, and
+    none of the reasoning figures or counts, which the report's rows do not speak of."""
+    shown = dict(report_figures())
+    assert shown and len(set(shown.values())) == len(shown)
+    for key in shown:
+        figure = figure_of(key)
+        assert figure.key == key and figure.needs in ROW_NEEDS and figure.higher_is_better is not None, key

@@ -12,6 +12,7 @@ from sacrebleu import corpus_chrf, sentence_chrf
 
 from conftest import ROOT
 from lora_pipeline.config.params import Eval
+from lora_pipeline.evaluate.figures import report_figures
 from lora_pipeline.evaluate.scoring import eval_figures, loss_figures
 from lora_pipeline.evaluate.task import (NOTHING_SCORED, UnicodeWords, answer_text, asked_turn, chrf, normalized,
                                          parse_tool_calls, reference, rouge_l, row_yields, score_answer, task_report)
@@ -174,20 +175,21 @@ def test_the_figures_of_rows_that_ask_a_reasoning_language_are_unchanged():
     assert figures == {"test": loss_figures(1.0, 1), "compliance": {"en": 1.0, "overall": 1.0},
                        "final_language_rate": 1.0, "accuracy": {"builtin": 1.0}, "answer_words": 1.0,
                        "demo_reasoning_is_german": 1}
-    assert task_report(heldout, heldout, figures, figures) == f"# Held-out answers against their references\n\n" \
-                                                              f"{NOTHING_SCORED}"
+    assert task_report(heldout, heldout, figures, figures, report_figures()) == \
+        f"# Held-out answers against their references\n\n{NOTHING_SCORED}"
 
 
 def test_the_report_shows_the_reference_beside_both_answers():
     finetuned = [{**r, "prompt": [{"role": "user", "content": r["question"]}]} for r in scored_records()]
     base = [{**r, "answer": "base says ```no```", "exact_match": False} if "answer" in r else r for r in finetuned]
     figures = eval_figures(["en"], loss_figures(2.0, 2), finetuned, {}, None)
-    report = task_report(finetuned, base, figures, {"task": {"exact_match": 0.0}})
+    report = task_report(finetuned, base, figures, {"task": {"exact_match": 0.0}}, report_figures())
     assert "| figure | base | fine-tuned |" in report and "| exact match (share) | 0 | 0.5 |" in report
     assert "| right call (share) | - | 0.5 |" in report
     assert report.count("## ") == 6 and "base says ```no```" in report and "````text" in report
     assert 'get_weather({"city": "Rome"})' in report and "right function, other arguments" in report
-    alone = task_report(finetuned, [], figures, {})  # eval.include_base false: the fine-tuned answers alone
+    # eval.include_base false: the fine-tuned answers alone
+    alone = task_report(finetuned, [], figures, {}, report_figures())
     assert "| figure | fine-tuned |" in alone and "\nbase (" not in alone
 
 
