@@ -27,6 +27,7 @@ from lora_pipeline.evaluate.scoring import (answer_correct, asks_reasoning_langu
                                             read_mgsm)
 from lora_pipeline.evaluate.task import asked_turn, prompt_shown, reference, score_answer, task_report
 from lora_pipeline.launch.distributed import launch_state, process_group
+from lora_pipeline.launch.stage_launch import seconds_since_launch
 from lora_pipeline.model.chat import conversation, prompt_messages, split_reasoning
 from lora_pipeline.model.loading import load_model, load_tokenizer
 
@@ -130,7 +131,8 @@ def main():
     ev = params.eval
     check_eval(ev)  # every input, before loading a model
     process_started = psutil.Process().create_time()
-    metrics, records, speed = {}, [], {"start_seconds": time.time() - process_started}  # interpreter and imports
+    # the launcher's and this interpreter's start, the imports: as train and merge record it
+    metrics, records, speed = {}, [], {"startup_seconds": seconds_since_launch()}
     state = launch_state()  # under accelerate launch with several processes: joins their group
     device = state.device if state.device.type == "cuda" else torch.device("cpu")
     if name == "finetuned" or ev.include_base:

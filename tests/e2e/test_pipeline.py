@@ -44,6 +44,10 @@ def test_repro_runs_every_stage_and_learns(repo):
     assert "¿Cuál es el capital de Australia?" in demo and "== base model ==" in demo
     losses = (repo / "plots/train_loss.csv").read_text().splitlines()
     assert losses[0].startswith("step,loss") and len(losses) > 5
+    # each stage with model work records its start-up from `python -m lora_pipeline.launch` to its own code
+    for log in ("train_speed", "merge_speed", "evaluate_base", "evaluate"):
+        startup = json.loads((repo / f"logs/{log}.json").read_text())["startup_seconds"]
+        assert isinstance(startup, float) and startup > 0, (log, startup)
 
 
 def test_repro_scores_mgsm_in_each_language(repo):
