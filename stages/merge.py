@@ -19,22 +19,21 @@ import sys
 import time
 from pathlib import Path
 
-
 import torch
 from peft import PeftModel
 
 from lora_pipeline.config import outputs
 from lora_pipeline.config.outputs import read_jsonl, replace_dir, staging_dir, write_json
 from lora_pipeline.config.params import load_params
+from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import (expert_values_changed, is_mxfp4_checkpoint, load_into,
+                                                             merged_save_format, save_mxfp4_checkpoint)
 from lora_pipeline.launch.stage_launch import seconds_since_launch
 from lora_pipeline.merge.merged_checks import adapter_load_problem, check_merged_weights, compare_logits, lora_weights
 from lora_pipeline.merge.over_base import (changed_weights, copy_problem, put_stored, save_over_base,
                                            verify_over_base)
-from lora_pipeline.model.chat import as_text
 from lora_pipeline.model.base_checks import BITSANDBYTES
+from lora_pipeline.model.chat import as_text
 from lora_pipeline.model.loading import device, inference_attention, load_model, load_tokenizer
-from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import (expert_values_changed, is_mxfp4_checkpoint, load_into,
-                                                  merged_save_format, save_mxfp4_checkpoint)
 
 BASE, ADAPTER, MERGED = Path("models/base"), Path("models/adapter"), Path("models/merged")
 TEST, METRICS, SPEED = Path("data/split/test.jsonl"), outputs.METRICS["merge"], Path("logs/merge_speed.json")
@@ -191,6 +190,7 @@ def save_mxfp4_reencoded(merged_model, staged: Path, batch, merged, mask, phases
             print("merge: the LoRA on the experts changed no MXFP4 value: its deltas are below MXFP4's resolution, "
                   "so the saved experts are the base's; merge.save_format: model_dtype keeps them")
     return figures
+
 
 if __name__ == "__main__":
     main()

@@ -67,7 +67,7 @@ def check_register(register) -> None:
 def check_gate_metric(register, ev, data_source: str) -> None:
     """An eval. gate metric must be a figure that may gate and that evaluate writes with these params (train. and
     merge. figures are checked by register against the metrics files; the data a figure needs, by
-    validation.checks.check_gate_data)."""
+    validation.all_checks.check_gate_data)."""
     metric = gate_metric(register, data_source)
     stage, _, key = metric.partition(".")
     if stage != "eval" or key in (known := eval_metric_keys(ev)):

@@ -16,14 +16,13 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 import trl.trainer.utils
 from trl import SFTConfig, SFTTrainer
 
-from lora_pipeline.launch.ancestors import any_gone, dvc_ancestors
-from lora_pipeline.launch.checkpoints import write_manifest
+from lora_pipeline.families.gpt_oss.mxfp4_experts import pack_experts
 from lora_pipeline.families.gpt_oss.packed_masks import mask_packed_rows
 from lora_pipeline.families.gpt_oss.rules import MXFP4_EXPERTS
+from lora_pipeline.launch.ancestors import any_gone, dvc_ancestors
+from lora_pipeline.launch.checkpoints import write_manifest
 from lora_pipeline.model.base_checks import BITSANDBYTES
-from lora_pipeline.model.loading import (apply_liger, load_model, load_tokenizer, lora_config,
-                                         training_device_map)
-from lora_pipeline.families.gpt_oss.mxfp4_experts import pack_experts
+from lora_pipeline.model.loading import apply_liger, load_model, load_tokenizer, lora_config, training_device_map
 from lora_pipeline.train.global_batch import split_global_batch
 from lora_pipeline.train.prepared_rows import PreparedRowsSFTTrainer, weight_zero_turns
 from lora_pipeline.train.sft_args import train_sft_args

@@ -20,7 +20,7 @@ from lora_pipeline.evaluate.task import row_yields
 from lora_pipeline.launch.launcher import check_launch
 from lora_pipeline.launch.machine import check_eval_launch, check_machine, distributed_type, training_processes
 from lora_pipeline.model.base_checks import (check_base_model, check_model, check_packed_experts, check_quantization,
-                                        check_save_format, check_tiny)
+                                             check_save_format, check_tiny)
 from lora_pipeline.registry.gate import HELD_OUT_GATE, check_gate_metric, check_register, eval_figure, gate_metric
 from lora_pipeline.registry.mlflow_names import check_mlflow_names
 from lora_pipeline.train.global_batch import split_global_batch

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 from lora_pipeline.config.outputs import replace_dir, staging_dir, write_json
-from lora_pipeline.families.gpt_oss.rules import save_format_problem
-from lora_pipeline.model.checkpoint_files import tensor_files
-from lora_pipeline.model.base_checks import stored_quantization
 from lora_pipeline.families.gpt_oss.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, quantize_mxfp4
+from lora_pipeline.families.gpt_oss.rules import save_format_problem
+from lora_pipeline.model.base_checks import stored_quantization
+from lora_pipeline.model.checkpoint_files import tensor_files
 
 __all__ = [
     "GPT_OSS_MODULES_TO_NOT_CONVERT",

@@ -11,7 +11,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 
 from lora_pipeline.merge.merged_checks import (ADAPTER_FILE, BaseWeights, adapter_load_problem, check_merged_weights,
-                                       compare_logits, lora_weights)
+                                               compare_logits, lora_weights)
 from lora_pipeline.model.loading import device, load_model
 from lora_pipeline.families.gpt_oss.mxfp4_checkpoint import save_mxfp4_checkpoint
 from lora_pipeline.model.tiny import random_gpt_oss
