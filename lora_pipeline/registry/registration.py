@@ -156,9 +156,10 @@ def start_pipeline_run(client, uri, reg, pipeline_md5, tags, root: Path):
     return run
 
 
-def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_dir, root: Path):
-    """This pipeline run's run completed; registers the model unless a finished run already did. -> (run id, version,
-    gate decision)"""
+def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_dir, root: Path,
+            gate_rule: tuple[str, bool]):
+    """This pipeline run's run completed; registers the model unless a finished run already did, its champion
+    decided by `gate_rule` (gate metric, whether higher is better). -> (run id, version, gate decision)"""
     reg = params.register
     model_md5 = md5s.get(model_dir, "")
     tags = {"git_commit": git_commit(root), "dvc_exp_name": os.environ.get("DVC_EXP_NAME", "workspace"),
@@ -189,7 +190,7 @@ def log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5, model_
             version = register_version(client, reg.model_name, info, {"model_md5": model_md5})
         client.update_model_version(reg.model_name, version.version,
                                     describe(run_params, metrics, tags["git_commit"]))
-        metric, greater_is_better = gate(reg, params.data.source)
+        metric, greater_is_better = gate_rule
         decision = champion_decision(client, reg.model_name, metric, metrics[metric], greater_is_better)
         client.set_registered_model_alias(reg.model_name, CANDIDATE, version.version)
         if decision["promote"]:
@@ -207,6 +208,7 @@ def register_pipeline_run(params, metrics: dict, root: Path) -> tuple[dict, dict
     holds: the model, the pipeline run, the gate figure; what RECORD holds: the version, its aliases, the run, the
     store, the gate decision)"""
     reg = params.register
+    metric, greater_is_better = gate(reg, params.data.source)
     md5s, run_params = lock_provenance(root)
     model_dir = "models/merged" if reg.log_mode == "merged" else "models/adapter"
     # This pipeline run: every output it produced, and how it is to be registered.
@@ -224,7 +226,7 @@ def register_pipeline_run(params, metrics: dict, root: Path) -> tuple[dict, dict
             decision = {"promote": tags.get("gate.decision") == "champion", "reason": tags.get("gate.reason")}
         else:
             run_id, version, decision = log_run(client, uri, params, metrics, md5s, run_params, pipeline_md5,
-                                                model_dir, root)
+                                                model_dir, root, (metric, greater_is_better))
             print(f"logged run {run_id}; {reg.model_name} v{version.version}: {decision['reason']}")
         aliases = client.get_model_version(reg.model_name, version.version).aliases
     except Exception as exc:
@@ -238,7 +240,6 @@ def register_pipeline_run(params, metrics: dict, root: Path) -> tuple[dict, dict
             f"{retries} retries (MLFLOW_HTTP_REQUEST_MAX_RETRIES, "
             f"_BACKOFF_FACTOR, _TIMEOUT set the bound); {kept}, re-run when the server is back") from None
 
-    metric, greater_is_better = gate(reg, params.data.source)
     registration = {"model_name": reg.model_name, "model_md5": md5s.get(model_dir, ""), "pipeline_md5": pipeline_md5,
                     "gate": {"metric": metric, "value": metrics[metric], "greater_is_better": greater_is_better}}
     record = {"model_name": reg.model_name, "version": int(version.version),
